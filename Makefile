@@ -1,0 +1,29 @@
+# Two commands for a fresh machine:  `make demo`  and  `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+TORCH  ?= torch==2.13.0
+
+.PHONY: setup demo test lint bench clean
+
+$(BIN)/.setup-stamp: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/.setup-stamp
+
+demo: setup
+	$(BIN)/unipar train gpt-stdlib --workers 2 --steps 200
+
+test: setup
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/python -m pytest -q tests
+
+bench: setup
+	$(BIN)/python benchmarks/ddp_vs_torchrun.py
+
+clean:
+	rm -rf $(VENV) unipar_runs

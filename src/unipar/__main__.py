@@ -1,0 +1,5 @@
+import sys
+
+from unipar.cli import main
+
+sys.exit(main())

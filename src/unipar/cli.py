@@ -1,0 +1,111 @@
+"""The ``unipar`` command."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import runpy
+import sys
+from pathlib import Path
+
+from unipar.errors import ConfigError, UniparError
+from unipar.job import Job
+
+
+def load_job(target: str) -> Job:
+    """A built-in recipe by name, or a Python file defining ``job`` (a Job or a
+    function returning one)."""
+    from unipar.recipes import RECIPES, recipe
+
+    if target in RECIPES:
+        return recipe(target)
+    path = Path(target)
+    if path.suffix != ".py" or not path.is_file():
+        raise ConfigError(
+            f"{target!r} is neither a built-in recipe ({', '.join(sorted(RECIPES))}) nor an "
+            "existing .py file"
+        )
+    namespace = runpy.run_path(str(path), run_name="__unipar_job__")
+    job = namespace.get("job")
+    if callable(job) and not isinstance(job, Job):
+        job = job()
+    if not isinstance(job, Job):
+        raise ConfigError(
+            f"{path} must define `job`, a unipar.Job or a function returning one, "
+            f"but it defines {type(job).__name__}"
+        )
+    return job
+
+
+def _train(args: argparse.Namespace) -> int:
+    from unipar.runtime.fit import fit
+
+    job = load_job(args.target)
+    if args.steps is not None:
+        job = dataclasses.replace(job, steps=args.steps)
+    print(
+        f"unipar: training {job.name} for {job.steps} steps on {args.workers} workers", flush=True
+    )
+    result = fit(
+        job,
+        workers=args.workers,
+        cpus_per_worker=args.cpus_per_worker,
+        gpus_per_worker=args.gpus_per_worker,
+        run_dir=args.run_dir,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=True if args.resume == "latest" else (args.resume or False),
+        max_failures=args.max_failures,
+        address=args.address,
+        progress=not args.no_progress,
+    )
+    print(result.summary())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="unipar", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train a job on Ray workers")
+    train.add_argument(
+        "target",
+        nargs="?",
+        default="gpt-stdlib",
+        help="built-in recipe name or a .py file defining `job`",
+    )
+    train.add_argument("--workers", type=int, default=2)
+    train.add_argument(
+        "--address",
+        default=None,
+        help="address of a running Ray cluster (default: start a local one)",
+    )
+    train.add_argument("--steps", type=int, default=None, help="override the job's steps")
+    train.add_argument("--run-dir", default=None, help="metrics and checkpoints go here")
+    train.add_argument("--checkpoint-dir", default=None, help="default: RUN_DIR/checkpoints")
+    train.add_argument("--checkpoint-every", type=int, default=None)
+    train.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        help="resume from the newest checkpoint, or from PATH",
+    )
+    train.add_argument("--cpus-per-worker", type=float, default=1.0)
+    train.add_argument("--gpus-per-worker", type=float, default=0.0)
+    train.add_argument("--max-failures", type=int, default=3)
+    train.add_argument("--no-progress", action="store_true")
+    train.set_defaults(handler=_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except UniparError as error:
+        print(f"unipar: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

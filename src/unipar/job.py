@@ -1,0 +1,137 @@
+"""The description of a training job: what to train, on what, for how long.
+
+A :class:`Job` holds factories rather than objects, so every worker process builds
+its own model, dataset and optimizer from the same recipe and the same seed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+from torch import nn
+
+from unipar.errors import ConfigError
+
+ModelFactory = Callable[[], nn.Module]
+DatasetFactory = Callable[[], "torch.utils.data.Dataset[Any]"]
+LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+class OptimizerKind(Enum):
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """An optimizer by name and hyperparameters (see ``torch.optim``)."""
+
+    kind: OptimizerKind = OptimizerKind.ADAMW
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ConfigError(f"optimizer lr must be > 0, but got lr={self.lr}")
+
+    def build(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        params = list(params)
+        if self.kind is OptimizerKind.ADAMW:
+            return torch.optim.AdamW(
+                params, lr=self.lr, betas=self.betas, weight_decay=self.weight_decay
+            )
+        if self.kind is OptimizerKind.ADAM:
+            return torch.optim.Adam(
+                params, lr=self.lr, betas=self.betas, weight_decay=self.weight_decay
+            )
+        return torch.optim.SGD(
+            params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
+        )
+
+
+class ScheduleKind(Enum):
+    CONSTANT = "constant"
+    WARMUP_COSINE = "warmup_cosine"
+    WARMUP_LINEAR = "warmup_linear"
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """Learning-rate multiplier per optimizer step.
+
+    Linear warmup then cosine or linear decay to ``min_ratio`` of the base rate
+    (the schedule of GPT-3, Brown et al. 2020, Appendix B).
+    """
+
+    kind: ScheduleKind = ScheduleKind.CONSTANT
+    warmup_steps: int = 0
+    min_ratio: float = 0.1
+
+    def multiplier(self, step: int, total_steps: int) -> float:
+        if self.warmup_steps and step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.kind is ScheduleKind.CONSTANT:
+            return 1.0
+        span = max(1, total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        if self.kind is ScheduleKind.WARMUP_COSINE:
+            decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+        else:
+            decay = 1.0 - progress
+        return self.min_ratio + (1.0 - self.min_ratio) * decay
+
+
+def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy for ``logits`` [..., vocab] against ``targets`` [...]."""
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to train.
+
+    The dataset yields ``(inputs, targets)`` pairs; the model maps a batch of
+    inputs to outputs and ``loss(outputs, targets)`` reduces them to a scalar mean.
+    ``global_batch_size`` counts samples per optimizer step over all workers.
+    """
+
+    model: ModelFactory
+    dataset: DatasetFactory
+    global_batch_size: int
+    steps: int
+    loss: LossFunction = cross_entropy_loss
+    optimizer: OptimizerSpec | OptimizerFactory = field(default_factory=OptimizerSpec)
+    lr_schedule: LRSchedule = field(default_factory=LRSchedule)
+    seed: int = 0
+    name: str = "job"
+    grad_clip_norm: float | None = None
+    tokens_per_sample: int = 1
+
+    def __post_init__(self) -> None:
+        if self.global_batch_size < 1:
+            raise ConfigError(f"global_batch_size must be >= 1, but got {self.global_batch_size}")
+        if self.steps < 1:
+            raise ConfigError(f"steps must be >= 1, but got {self.steps}")
+        for name in ("model", "dataset", "loss"):
+            if not callable(getattr(self, name)):
+                raise ConfigError(
+                    f"Job.{name} must be callable (a factory or function), "
+                    f"but got {type(getattr(self, name)).__name__}"
+                )
+
+    def build_optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        if isinstance(self.optimizer, OptimizerSpec):
+            return self.optimizer.build(params)
+        return self.optimizer(params)
+
+    def base_lrs(self, optimizer: torch.optim.Optimizer) -> list[float]:
+        return [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]

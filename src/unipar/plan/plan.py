@@ -1,0 +1,168 @@
+"""The plan: one point in the unified space of parallel strategies, as plain data.
+
+Data parallel, sharded data parallel and tensor parallel are shardings over axes of
+one device mesh; pipeline parallel partitions the layer sequence into stages
+(the view of Alpa, Zheng et al. 2022). The planner writes a :class:`Plan`; the
+runtime only reads one. Plans round-trip through JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+from unipar.errors import ConfigError
+
+
+class PipelineSchedule(Enum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved_1f1b"
+
+
+class Recompute(Enum):
+    NONE = "none"
+    FULL = "full"
+
+
+class GradSync(Enum):
+    ALL_REDUCE = "all_reduce"
+    PARAMETER_SERVER = "parameter_server"
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """Sizes of the named mesh axes; their product is the number of workers."""
+
+    pp: int = 1
+    dp: int = 1
+    fsdp: int = 1
+    tp: int = 1
+
+    def __post_init__(self) -> None:
+        for axis in fields(self):
+            size = getattr(self, axis.name)
+            if not isinstance(size, int) or size < 1:
+                raise ConfigError(f"mesh axis {axis.name} must be an int >= 1, but got {size!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.fsdp * self.tp
+
+    @property
+    def data_replicas(self) -> int:
+        """Workers that see different samples: the dp and fsdp axes together."""
+        return self.dp * self.fsdp
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to run one optimizer step.
+
+    ``microbatch_size`` samples go through each data replica per micro-step and
+    ``num_microbatches`` micro-steps make an optimizer step (gradient accumulation
+    without a pipeline, pipeline micro-batches with one), so the global batch is
+    ``microbatch_size * num_microbatches * mesh.data_replicas``.
+    ``stage_boundaries`` are the first layer index of pipeline stages 1..S-1.
+    """
+
+    mesh: Mesh = field(default_factory=Mesh)
+    microbatch_size: int = 1
+    num_microbatches: int = 1
+    schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+    recompute: Recompute = Recompute.NONE
+    reshard_after_forward: bool = True
+    grad_sync: GradSync = GradSync.ALL_REDUCE
+    stage_boundaries: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.microbatch_size < 1 or self.num_microbatches < 1:
+            raise ConfigError(
+                "microbatch_size and num_microbatches must be >= 1, but got "
+                f"microbatch_size={self.microbatch_size}, num_microbatches={self.num_microbatches}"
+            )
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.microbatch_size * self.num_microbatches * self.mesh.data_replicas
+
+    @classmethod
+    def data_parallel(
+        cls, workers: int, global_batch_size: int, microbatch_size: int | None = None
+    ) -> Plan:
+        """Plain data parallel over ``workers`` replicas, with gradient accumulation when
+        ``microbatch_size`` is less than each worker's share of the batch."""
+        if global_batch_size % workers:
+            raise ConfigError(
+                f"global_batch_size must be divisible by the number of workers, but got "
+                f"global_batch_size={global_batch_size}, workers={workers}; use a batch of "
+                f"{(global_batch_size // workers + 1) * workers} or {workers} workers "
+                "that divide it"
+            )
+        per_worker = global_batch_size // workers
+        microbatch_size = microbatch_size or per_worker
+        if per_worker % microbatch_size:
+            raise ConfigError(
+                f"each worker's share of the batch must be a multiple of microbatch_size, but "
+                f"got share={per_worker} (global_batch_size={global_batch_size} / "
+                f"workers={workers}), microbatch_size={microbatch_size}; choose a divisor "
+                f"of {per_worker}"
+            )
+        return cls(
+            mesh=Mesh(dp=workers),
+            microbatch_size=microbatch_size,
+            num_microbatches=per_worker // microbatch_size,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown plan fields {sorted(unknown)}; known: {sorted(known)}")
+        values = dict(data)
+        if "mesh" in values:
+            values["mesh"] = Mesh(**values["mesh"])
+        for name, enum in (
+            ("schedule", PipelineSchedule),
+            ("recompute", Recompute),
+            ("grad_sync", GradSync),
+        ):
+            if name in values:
+                values[name] = _enum_value(enum, values[name], name)
+        if "stage_boundaries" in values:
+            values["stage_boundaries"] = tuple(values["stage_boundaries"])
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        return cls.from_dict(json.loads(text))
+
+
+def _enum_value(enum: type[Enum], value: Any, name: str) -> Enum:
+    try:
+        return enum(value)
+    except ValueError:
+        choices = ", ".join(repr(member.value) for member in enum)
+        raise ConfigError(
+            f"plan field {name} must be one of {choices}, but got {value!r}"
+        ) from None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    return value

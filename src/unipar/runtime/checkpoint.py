@@ -1,0 +1,230 @@
+"""Checkpoints with ``torch.distributed.checkpoint`` (DCP), written atomically.
+
+Layout of a checkpoint directory::
+
+    step_00000040/            a complete checkpoint (renamed into place last)
+        .metadata, *.distcp   DCP: model and optimizer state, resharded on load
+        rng_rank{r}.pt        each rank's random number generator states
+        unipar_state.json     step, world size, plan, data position
+    .step_00000050.partial/   being written; ignored, removed by the next save
+
+Every rank writes into the ``.partial`` directory; rank 0 renames it to its final
+name only after all ranks finished, so a crash while writing never damages the last
+good checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from unipar.errors import CheckpointError
+
+STATE_FILE = "unipar_state.json"
+METADATA_FILE = ".metadata"
+_PREFIX = "step_"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    step: int
+    world_size: int
+    global_batch_size: int
+    plan: dict[str, Any]
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{_PREFIX}{step:08d}"
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
+    """Check that ``path`` holds a complete, readable checkpoint and describe it."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(
+            f"no checkpoint at {path}: the directory does not exist; pass the directory of a "
+            f"checkpoint (a {_PREFIX}NNNNNNNN folder) or a checkpoint directory that holds one"
+        )
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+        dcp.FileSystemReader(str(path)).read_metadata()
+        return CheckpointInfo(
+            path=path,
+            step=int(state["step"]),
+            world_size=int(state["world_size"]),
+            global_batch_size=int(state["global_batch_size"]),
+            plan=state["plan"],
+        )
+    except (OSError, ValueError, KeyError, TypeError, EOFError, RuntimeError) as error:
+        raise CheckpointError(
+            f"checkpoint at {path} is incomplete or corrupt ({type(error).__name__}: {error}); "
+            "resume from an earlier checkpoint in the same directory, or start afresh in an "
+            "empty directory"
+        ) from error
+
+
+def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
+    """Complete checkpoints under ``directory``, oldest first (partial ones are skipped)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [
+        p
+        for p in directory.iterdir()
+        if p.is_dir() and p.name.startswith(_PREFIX) and (p / STATE_FILE).is_file()
+    ]
+    return sorted(found, key=lambda p: p.name)
+
+
+def latest_checkpoint(directory: str | os.PathLike[str]) -> Path | None:
+    found = list_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def resolve_resume_path(path: str | os.PathLike[str]) -> CheckpointInfo:
+    """A checkpoint itself, or a checkpoint directory whose newest checkpoint is taken."""
+    path = Path(path)
+    if path.is_dir() and not (path / STATE_FILE).exists():
+        newest = latest_checkpoint(path)
+        if newest is None:
+            raise CheckpointError(
+                f"cannot resume: {path} holds no complete checkpoint "
+                f"(no {_PREFIX}NNNNNNNN folder with {STATE_FILE}); start without resume"
+            )
+        path = newest
+    return read_checkpoint(path)
+
+
+def ensure_writable(directory: str | os.PathLike[str]) -> Path:
+    """Create ``directory`` if needed and prove a file can be written there."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        raise CheckpointError(
+            f"checkpoint directory {directory} is not writable ({error.strerror or error}); "
+            "choose a directory you can write to with checkpoint_dir / --checkpoint-dir"
+        ) from error
+    return directory
+
+
+def _rng_states() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+    if states.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_checkpoint(
+    directory: Path,
+    *,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Collective: every rank calls it. Returns the final checkpoint path."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    final = directory / checkpoint_name(step)
+    partial = directory / f".{final.name}.partial"
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    _barrier()
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
+    torch.save(_rng_states(), partial / f"rng_rank{rank}.pt")
+    _barrier()
+    if rank == 0:
+        _write_json(partial / STATE_FILE, {"step": step, **state})
+        if final.exists():  # a re-run of the same step after a restart
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        _fsync_dir(directory)
+        for old in list_checkpoints(directory)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Collective: load model and optimizer state (resharding as needed) and, when the
+    world size is unchanged, this rank's random number generator states."""
+    info = read_checkpoint(path)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except Exception as error:
+        raise CheckpointError(
+            f"could not load checkpoint {path} into this model ({type(error).__name__}: "
+            f"{error}); resume with the model it was written for, or start afresh"
+        ) from error
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+    )
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    rng_file = path / f"rng_rank{rank}.pt"
+    if info.world_size == world_size and rng_file.exists():
+        _set_rng_states(torch.load(rng_file, weights_only=False))
+
+
+def load_model_state(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """The model's full (unsharded) state dict from a checkpoint, in one process."""
+    info = resolve_resume_path(path)
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "full.pt"
+        dcp_to_torch_save(str(info.path), str(target))
+        return torch.load(target, weights_only=False)["model"]
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    with open(path, "w") as out:
+        json.dump(data, out, indent=1, sort_keys=True)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

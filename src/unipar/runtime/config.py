@@ -1,0 +1,66 @@
+"""Settings of one run: where, on how many workers, how it checkpoints and recovers."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from unipar.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How to run a job. ``resume`` is ``False``, ``True`` (the newest checkpoint in
+    ``checkpoint_dir``) or the path of a checkpoint or checkpoint directory."""
+
+    workers: int = 2
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    run_dir: Path = Path("unipar_runs")
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int | None = None
+    keep_checkpoints: int = 3
+    resume: bool | Path = False
+    max_failures: int = 3
+    address: str | None = None
+    progress: bool = True
+    placement_timeout_s: float = 60.0
+    collective_timeout_s: float = 300.0
+    poll_interval_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        rules = [
+            (self.workers >= 1, f"workers must be >= 1, but got {self.workers}"),
+            (
+                self.cpus_per_worker > 0 or self.gpus_per_worker > 0,
+                "a worker needs a CPU or a GPU, but got cpus_per_worker="
+                f"{self.cpus_per_worker}, gpus_per_worker={self.gpus_per_worker}",
+            ),
+            (
+                self.keep_checkpoints >= 1,
+                f"keep_checkpoints must be >= 1, but got {self.keep_checkpoints}",
+            ),
+            (self.max_failures >= 0, f"max_failures must be >= 0, but got {self.max_failures}"),
+            (
+                self.checkpoint_every is None or self.checkpoint_every >= 1,
+                f"checkpoint_every must be >= 1 step, but got {self.checkpoint_every}",
+            ),
+        ]
+        for holds, message in rules:
+            if not holds:
+                raise ConfigError(message)
+
+    @property
+    def checkpoints(self) -> Path:
+        return (
+            Path(self.checkpoint_dir) if self.checkpoint_dir else Path(self.run_dir) / "checkpoints"
+        )
+
+    def checkpoint_interval(self, steps: int) -> int:
+        """Default: ten checkpoints over the run."""
+        return self.checkpoint_every or max(1, steps // 10)
+
+
+def default_run_dir(job_name: str, root: Path = Path("unipar_runs")) -> Path:
+    return root / f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -1,0 +1,64 @@
+"""The live progress bar and the closing summary of a run."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from tqdm import tqdm
+
+from unipar.runtime.metrics import StepMetrics
+
+
+class ProgressBar:
+    """Step, loss, tokens/s and ETA on one line (standard error)."""
+
+    def __init__(self, total_steps: int, *, enabled: bool, stream: TextIO = sys.stderr) -> None:
+        self._bar = tqdm(
+            total=total_steps,
+            desc="train",
+            unit="step",
+            disable=not enabled,
+            file=stream,
+            dynamic_ncols=True,
+            mininterval=0.5,
+        )
+
+    def start_at(self, step: int) -> None:
+        self._bar.n = step
+        self._bar.last_print_n = step
+        self._bar.refresh()
+
+    def update(self, metrics: StepMetrics) -> None:
+        self._bar.set_postfix(
+            loss=f"{metrics.loss:.4f}", tok_s=f"{metrics.tokens_per_s:,.0f}", refresh=False
+        )
+        self._bar.update(metrics.step + 1 - self._bar.n)
+
+    def note(self, message: str) -> None:
+        self._bar.write(message, file=sys.stderr)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def format_summary(
+    *,
+    first_loss: float,
+    last_loss: float,
+    steps: int,
+    tokens_per_s: float,
+    wall_time_s: float,
+    failures: int,
+    checkpoint: str,
+    metrics_path: str,
+) -> str:
+    lines = [
+        "unipar run summary",
+        f"  loss          {first_loss:.4f} -> {last_loss:.4f} over {steps} steps",
+        f"  throughput    {tokens_per_s:,.0f} tokens/s",
+        f"  wall time     {wall_time_s:.1f} s (restarts after failures: {failures})",
+        f"  checkpoint    {checkpoint}",
+        f"  metrics       {metrics_path}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,178 @@
+"""One worker's training: build, load, step, report, checkpoint. No Ray in here.
+
+The controller runs one :class:`Trainer` per worker process; a single process with
+``world_size=1`` runs the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import default_collate
+
+from unipar.data.sampler import GlobalBatchSampler, ShardedBatches
+from unipar.errors import ConfigError, UserCodeError
+from unipar.job import Job
+from unipar.plan import Plan
+from unipar.runtime.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from unipar.runtime.parallelize import parallelize
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one worker measured in one optimizer step."""
+
+    step: int
+    rank: int
+    loss: float
+    samples: int
+    tokens: int
+    seconds: float
+    lr: float
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    directory: Path
+    every: int
+    keep: int
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    last_step: int
+    final_checkpoint: Path | None
+
+
+def _call_user(what: str, fn: Callable[[], object]) -> object:
+    try:
+        return fn()
+    except Exception as error:
+        raise UserCodeError(f"the job's {what} raised {type(error).__name__}: {error}") from error
+
+
+class Trainer:
+    def __init__(
+        self,
+        job: Job,
+        plan: Plan,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        checkpoints: CheckpointPolicy,
+    ) -> None:
+        self.job, self.plan = job, plan
+        self.rank, self.world_size = rank, world_size
+        self.device = device
+        self.checkpoints = checkpoints
+        self.start_step = 0
+
+    def setup(self, resume_from: Path | None) -> int:
+        """Build model, optimizer and data; load ``resume_from``. Returns the first step."""
+        job = self.job
+        torch.manual_seed(job.seed)
+        model = _call_user("model factory", job.model)
+        if not isinstance(model, nn.Module):
+            raise ConfigError(
+                f"the job's model factory must return a torch.nn.Module, "
+                f"but it returned {type(model).__name__}"
+            )
+        self.model = parallelize(model, self.plan, device=self.device, world_size=self.world_size)
+        self.optimizer = _call_user(
+            "optimizer", lambda: job.build_optimizer(self.model.parameters())
+        )
+        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self.dataset = _call_user("dataset factory", job.dataset)
+        sampler = GlobalBatchSampler(len(self.dataset), job.global_batch_size, job.seed)
+        self.batches = ShardedBatches(
+            sampler, self.rank, self.plan.mesh.data_replicas, self.plan.microbatch_size
+        )
+        if resume_from is not None:
+            info = read_checkpoint(resume_from)
+            if info.global_batch_size != job.global_batch_size:
+                raise ConfigError(
+                    f"resuming needs the global batch the checkpoint was written with, but "
+                    f"the checkpoint has global_batch_size={info.global_batch_size} and the job "
+                    f"{job.global_batch_size}; use {info.global_batch_size} or start afresh"
+                )
+            load_checkpoint(resume_from, model=self.model, optimizer=self.optimizer)
+            self.start_step = info.step
+        return self.start_step
+
+    def _microbatch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = default_collate([self.dataset[int(i)] for i in indices])
+        return inputs.to(self.device), targets.to(self.device)
+
+    def _set_lr(self, step: int) -> float:
+        factor = self.job.lr_schedule.multiplier(step, self.job.steps)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base * factor
+        return self.base_lrs[0] * factor
+
+    def train_step(self, step: int) -> StepReport:
+        started = time.perf_counter()
+        lr = self._set_lr(step)
+        micro = self.batches.microbatches(step)
+        total_loss = torch.zeros((), device=self.device)
+        samples = tokens = 0
+        for index, indices in enumerate(micro):
+            inputs, targets = self._microbatch(indices)
+            last = index == len(micro) - 1
+            sync = (
+                contextlib.nullcontext() if last or self.world_size == 1 else self.model.no_sync()
+            )
+            with sync:
+                loss = self.job.loss(self.model(inputs), targets) / len(micro)
+                loss.backward()
+            total_loss += loss.detach()
+            samples += len(indices)
+            tokens += targets.numel()
+        if self.job.grad_clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.job.grad_clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepReport(
+            step=step,
+            rank=self.rank,
+            loss=total_loss.item(),
+            samples=samples,
+            tokens=tokens,
+            seconds=time.perf_counter() - started,
+            lr=lr,
+        )
+
+    def save(self, step: int) -> Path:
+        return save_checkpoint(
+            self.checkpoints.directory,
+            step=step,
+            model=self.model,
+            optimizer=self.optimizer,
+            state={
+                "world_size": self.world_size,
+                "global_batch_size": self.job.global_batch_size,
+                "plan": self.plan.to_dict(),
+                "seed": self.job.seed,
+            },
+            keep=self.checkpoints.keep,
+        )
+
+    def train(self, report: Callable[[StepReport], None]) -> TrainOutcome:
+        """Run from ``start_step`` to ``job.steps``; checkpoint every ``checkpoints.every``
+        steps and at the end."""
+        final = None
+        for step in range(self.start_step, self.job.steps):
+            report(self.train_step(step))
+            done = step + 1
+            if done == self.job.steps or done % self.checkpoints.every == 0:
+                final = self.save(done)
+        if dist.is_initialized():
+            dist.barrier()
+        return TrainOutcome(last_step=self.job.steps, final_checkpoint=final)

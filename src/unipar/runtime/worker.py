@@ -1,0 +1,83 @@
+"""The Ray actor that hosts one :class:`~unipar.runtime.trainer.Trainer`.
+
+The actor is threaded (``max_concurrency=2``): ``train`` runs in one thread while the
+controller calls ``drain`` from another to collect step reports, so progress never
+waits for a collective and training never waits for the controller.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import ray
+import torch
+import torch.distributed as dist
+
+from unipar.job import Job
+from unipar.plan import Plan
+from unipar.runtime.trainer import CheckpointPolicy, StepReport, Trainer, TrainOutcome
+
+
+class TrainWorker:
+    def __init__(
+        self,
+        job: Job,
+        plan: Plan,
+        *,
+        rank: int,
+        world_size: int,
+        threads: int,
+        use_gpu: bool,
+        checkpoints: CheckpointPolicy,
+    ) -> None:
+        torch.set_num_threads(threads)
+        self.rank, self.world_size = rank, world_size
+        self.use_gpu = use_gpu
+        device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")
+        self.trainer = Trainer(
+            job, plan, rank=rank, world_size=world_size, device=device, checkpoints=checkpoints
+        )
+        self._reports: list[StepReport] = []
+        self._lock = threading.Lock()
+
+    def describe(self) -> tuple[int, str]:
+        """(process id, node IP) of this worker."""
+        return os.getpid(), ray.util.get_node_ip_address()
+
+    def reserve_port(self) -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            return int(sock.getsockname()[1])
+
+    def setup(
+        self, master_address: str, master_port: int, resume_from: Path | None, timeout_s: float
+    ) -> int:
+        if self.world_size > 1:
+            dist.init_process_group(
+                backend="nccl" if self.use_gpu else "gloo",
+                init_method=f"tcp://{master_address}:{master_port}",
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=timedelta(seconds=timeout_s),
+            )
+        return self.trainer.setup(resume_from)
+
+    def _record(self, report: StepReport) -> None:
+        with self._lock:
+            self._reports.append(report)
+
+    def train(self) -> TrainOutcome:
+        try:
+            return self.trainer.train(self._record)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    def drain(self) -> list[StepReport]:
+        with self._lock:
+            reports, self._reports = self._reports, []
+        return reports
