@@ -99,8 +99,8 @@ class Plan:
             raise ConfigError(
                 f"global_batch_size must be divisible by the number of workers, but got "
                 f"global_batch_size={global_batch_size}, workers={workers}; use a batch of "
-                f"{(global_batch_size // workers + 1) * workers} or {workers} workers "
-                "that divide it"
+                f"{(global_batch_size // workers + 1) * workers}, or a number of workers "
+                "that divides it"
             )
         per_worker = global_batch_size // workers
         microbatch_size = microbatch_size or per_worker

@@ -69,7 +69,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
             global_batch_size=int(state["global_batch_size"]),
             plan=state["plan"],
         )
-    except (OSError, ValueError, KeyError, TypeError, EOFError, RuntimeError) as error:
+    except Exception as error:  # any failure to read it means it is not usable
         raise CheckpointError(
             f"checkpoint at {path} is incomplete or corrupt ({type(error).__name__}: {error}); "
             "resume from an earlier checkpoint in the same directory, or start afresh in an "

@@ -44,9 +44,10 @@ class TrainWorker:
         self._reports: list[StepReport] = []
         self._lock = threading.Lock()
 
-    def describe(self) -> tuple[int, str]:
-        """(process id, node IP) of this worker."""
-        return os.getpid(), ray.util.get_node_ip_address()
+    def describe(self) -> tuple[int, str, str]:
+        """(process id, node IP, Ray node id) of this worker."""
+        node_id = ray.get_runtime_context().get_node_id()
+        return os.getpid(), ray.util.get_node_ip_address(), node_id
 
     def reserve_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

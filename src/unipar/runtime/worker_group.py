@@ -23,6 +23,7 @@ class WorkerInfo:
     rank: int
     pid: int
     node_ip: str
+    node_id: str
 
 
 def check_cluster_resources(config: RunConfig) -> None:
@@ -80,7 +81,7 @@ class WorkerGroup:
             for rank in range(config.workers)
         ]
         described = ray.get([w.describe.remote() for w in self.workers])
-        self.info = [WorkerInfo(rank, pid, ip) for rank, (pid, ip) in enumerate(described)]
+        self.info = [WorkerInfo(rank, *about) for rank, about in enumerate(described)]
 
     def setup_refs(self, resume_from: Path | None) -> list[ray.ObjectRef]:
         """Start the rendezvous and model building on every worker (non-blocking)."""

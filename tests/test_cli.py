@@ -1,0 +1,68 @@
+"""The ``unipar`` command on a user's own job file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+JOB_FILE = textwrap.dedent(
+    """
+    from unipar.testing import tiny_gpt_job
+
+    def job():
+        return tiny_gpt_job(steps=50)
+    """
+)
+
+
+def _unipar(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "unipar", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def test_train_user_file_then_resume(tmp_path):
+    (tmp_path / "my_job.py").write_text(JOB_FILE)
+    first = _unipar(
+        "train",
+        "my_job.py",
+        "--workers",
+        "2",
+        "--steps",
+        "4",
+        "--run-dir",
+        "run",
+        "--no-progress",
+        cwd=tmp_path,
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "loss" in first.stdout and "step_00000004" in first.stdout
+    again = _unipar(
+        "train",
+        "my_job.py",
+        "--workers",
+        "2",
+        "--steps",
+        "6",
+        "--run-dir",
+        "run",
+        "--resume",
+        "--no-progress",
+        cwd=tmp_path,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run/metrics.jsonl").open()]
+    assert steps == [0, 1, 2, 3, 4, 5]
+
+
+def test_unknown_target_is_a_clear_error(tmp_path):
+    done = _unipar("train", "no-such-recipe", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "neither a built-in recipe (gpt-stdlib) nor an existing .py file" in done.stderr
