@@ -6,10 +6,23 @@ import argparse
 import dataclasses
 import runpy
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from unipar.errors import ConfigError, UniparError
 from unipar.job import Job
+
+
+def check_target(target: str) -> None:
+    """Fail fast, before Ray starts, on a target that names nothing."""
+    from unipar.recipes import RECIPES
+
+    path = Path(target)
+    if target not in RECIPES and (path.suffix != ".py" or not path.is_file()):
+        raise ConfigError(
+            f"{target!r} is neither a built-in recipe ({', '.join(sorted(RECIPES))}) nor an "
+            "existing .py file"
+        )
 
 
 def load_job(target: str) -> Job:
@@ -17,14 +30,10 @@ def load_job(target: str) -> Job:
     function returning one)."""
     from unipar.recipes import RECIPES, recipe
 
+    check_target(target)
     if target in RECIPES:
         return recipe(target)
     path = Path(target)
-    if path.suffix != ".py" or not path.is_file():
-        raise ConfigError(
-            f"{target!r} is neither a built-in recipe ({', '.join(sorted(RECIPES))}) nor an "
-            "existing .py file"
-        )
     namespace = runpy.run_path(str(path), run_name="__unipar_job__")
     job = namespace.get("job")
     if callable(job) and not isinstance(job, Job):
@@ -38,9 +47,31 @@ def load_job(target: str) -> Job:
 
 
 def _train(args: argparse.Namespace) -> int:
+    import ray
+
+    from unipar.runtime.ray_session import start_ray
+
+    check_target(args.target)
+    # Ray's start is partly waiting on its own processes: load the job (importing torch)
+    # meanwhile. Ray stays on the main thread: its processes die with the thread that
+    # started them.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="unipar-load-job") as pool:
+        loading = pool.submit(load_job, args.target)
+        start_ray(args.address)
+        try:
+            job = loading.result()
+        except BaseException:
+            ray.shutdown()
+            raise
+    try:
+        return _fit_and_report(job, args)
+    finally:
+        ray.shutdown()
+
+
+def _fit_and_report(job: Job, args: argparse.Namespace) -> int:
     from unipar.runtime.fit import fit
 
-    job = load_job(args.target)
     if args.steps is not None:
         job = dataclasses.replace(job, steps=args.steps)
     print(

@@ -24,16 +24,16 @@ def stdlib_corpus(max_bytes: int = 4_000_000, cache_dir: Path | None = None) -> 
     time never read a half-written file.
     """
     root = Path(sysconfig.get_paths()["stdlib"])
+    key = hashlib.sha256(f"{root}|{max_bytes}|{sys.version}".encode()).hexdigest()
+    cache_dir = cache_dir or Path.home() / ".cache" / "unipar"
+    target = cache_dir / f"stdlib-{key[:16]}.bin"
+    if target.exists():
+        return target
     files = sorted(
         f for f in root.rglob("*.py") if not {"site-packages", "test", "tests"} & set(f.parts)
     )
     if not files:
         raise ConfigError(f"no .py files found under the standard library at {root}")
-    key = hashlib.sha256(f"{root}|{len(files)}|{max_bytes}|{sys.version}".encode()).hexdigest()
-    cache_dir = cache_dir or Path.home() / ".cache" / "unipar"
-    target = cache_dir / f"stdlib-{key[:16]}.bin"
-    if target.exists():
-        return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     chunks, size = [], 0
     for f in files:

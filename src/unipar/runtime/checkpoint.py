@@ -22,14 +22,13 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from unipar.errors import CheckpointError
 
@@ -47,6 +46,15 @@ class CheckpointInfo:
     plan: dict[str, Any]
 
 
+def _dcp() -> ModuleType:
+    """``torch.distributed.checkpoint``, imported on first use: it takes over a second to
+    import, which would otherwise delay every worker's first step."""
+    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint.state_dict  # noqa: F401 (get/set_state_dict)
+
+    return dcp
+
+
 def checkpoint_name(step: int) -> str:
     return f"{_PREFIX}{step:08d}"
 
@@ -61,7 +69,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
         )
     try:
         state = json.loads((path / STATE_FILE).read_text())
-        dcp.FileSystemReader(str(path)).read_metadata()
+        _dcp().FileSystemReader(str(path)).read_metadata()
         return CheckpointInfo(
             path=path,
             step=int(state["step"]),
@@ -163,7 +171,8 @@ def save_checkpoint(
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     _barrier()
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp = _dcp()
+    model_state, optimizer_state = dcp.state_dict.get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
     torch.save(_rng_states(), partial / f"rng_rank{rank}.pt")
     _barrier()
@@ -182,7 +191,8 @@ def load_checkpoint(path: Path, *, model: nn.Module, optimizer: torch.optim.Opti
     """Collective: load model and optimizer state (resharding as needed) and, when the
     world size is unchanged, this rank's random number generator states."""
     info = read_checkpoint(path)
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp = _dcp()
+    model_state, optimizer_state = dcp.state_dict.get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     try:
         dcp.load(state, checkpoint_id=str(path))
@@ -191,7 +201,7 @@ def load_checkpoint(path: Path, *, model: nn.Module, optimizer: torch.optim.Opti
             f"could not load checkpoint {path} into this model ({type(error).__name__}: "
             f"{error}); resume with the model it was written for, or start afresh"
         ) from error
-    set_state_dict(
+    dcp.state_dict.set_state_dict(
         model,
         optimizer,
         model_state_dict=state["model"],

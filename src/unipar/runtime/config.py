@@ -27,7 +27,7 @@ class RunConfig:
     progress: bool = True
     placement_timeout_s: float = 60.0
     collective_timeout_s: float = 300.0
-    poll_interval_s: float = 0.2
+    poll_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
         rules = [

@@ -136,9 +136,9 @@ class Controller:
         results: dict[int, object] = {}
         pending = list(refs)
         while pending:
-            ready, pending = ray.wait(
-                pending, num_returns=len(pending), timeout=self.config.poll_interval_s
-            )
+            # Returns as soon as any worker finishes or fails, so a lost worker is seen
+            # at once; the timeout only sets how often progress is collected.
+            ready, pending = ray.wait(pending, num_returns=1, timeout=self.config.poll_interval_s)
             for ref in ready:
                 results[rank_of[ref]] = self._get(ref, rank_of[ref], pending, rank_of)
             if poll and pending:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ class StepMetrics:
     step_time_s: float
     tokens_per_s: float
     attempt: int
+    finished_at: float
 
 
 class StepAggregator:
@@ -52,6 +52,7 @@ class StepAggregator:
                         step_time_s=seconds,
                         tokens_per_s=tokens / seconds if seconds else 0.0,
                         attempt=attempt,
+                        finished_at=max(r.finished_at for r in group),
                     )
                 )
         return sorted(complete, key=lambda m: m.step)
@@ -73,7 +74,7 @@ class MetricsWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a")  # noqa: SIM115 (closed in close())
             self._tensorboard = _tensorboard_writer(self.path.parent / "tensorboard")
-        self._file.write(json.dumps({**asdict(metrics), "time": time.time()}) + "\n")
+        self._file.write(json.dumps(asdict(metrics)) + "\n")
         self._file.flush()
         if self._tensorboard is not None:
             for name in ("loss", "lr", "tokens_per_s"):

@@ -17,12 +17,24 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
     if ray.is_initialized():
         yield
         return
-    options: dict = {"include_dashboard": False, "logging_level": logging.WARNING}
-    if address:
-        ray.init(address=address, **options)
-    else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), **options)
+    start_ray(address, num_cpus=num_cpus)
     try:
         yield
     finally:
         ray.shutdown()
+
+
+def start_ray(address: str | None, *, num_cpus: int | None = None) -> None:
+    """Connect to ``address``, or start a local Ray without its dashboard."""
+    options: dict = {"include_dashboard": False, "logging_level": logging.WARNING}
+    if address:
+        ray.init(address=address, **options)
+    else:
+        # Ray runs worker processes at nice 15 by default, below its own daemons; in a
+        # cluster started just for this run the workers are the work, so they run at 0
+        # (measured: 5% more steps/s on 2 busy cores).
+        ray.init(
+            num_cpus=num_cpus or os.cpu_count(),
+            _system_config={"worker_niceness": 0},
+            **options,
+        )

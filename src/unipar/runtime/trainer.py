@@ -36,6 +36,7 @@ class StepReport:
     tokens: int
     seconds: float
     lr: float
+    finished_at: float  # wall clock (time.time()) when the step ended on this worker
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ class Trainer:
             tokens=tokens,
             seconds=time.perf_counter() - started,
             lr=lr,
+            finished_at=time.time(),
         )
 
     def save(self, step: int) -> Path:

@@ -1,0 +1,125 @@
+"""unipar's 2-worker data parallel vs plain ``torchrun --nproc_per_node=2`` DDP.
+
+Both are launched from their command lines on the same job file (workload.py):
+``torchrun --nproc_per_node=2 torchrun_ddp_baseline.py`` and
+``unipar train workload.py --workers 2``. One invocation runs both, alternating,
+``--repeats`` times each, on the same model, batch, data order and thread settings, and
+prints per side:
+  steady-state steps/s: the median interval between consecutive steps after ``--warmup``;
+  time to first step: from launching the command to the end of step 0 on a worker
+  (for unipar this includes starting the embedded Ray cluster).
+and the ratios unipar / torchrun (targets: steady >= 0.99, first step <= 1.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class RunTiming:
+    steps_per_s: float
+    first_step_s: float
+
+
+def _step_ends(output: Path) -> list[float]:
+    if output.suffix == ".json":  # the baseline's own record
+        return json.loads(output.read_text())["step_ends"]
+    return [json.loads(line)["finished_at"] for line in output.read_text().splitlines()]
+
+
+def _timed_run(command: list[str], output_name: str, warmup: int) -> RunTiming:
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp) / output_name
+        launched = time.time()
+        done = subprocess.run(
+            [arg.replace("{tmp}", tmp) for arg in command],
+            cwd=HERE,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode:
+            raise SystemExit(f"{command[:4]} failed:\n{done.stderr[-3000:]}")
+        ends = _step_ends(output)
+    intervals = [b - a for a, b in zip(ends[warmup:-1], ends[warmup + 1 :], strict=True)]
+    return RunTiming(1.0 / statistics.median(intervals), ends[0] - launched)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    bin_dir = Path(sys.executable).parent
+    commands = {
+        "torchrun": (
+            [
+                str(bin_dir / "torchrun"),
+                "--nproc_per_node=2",
+                "--standalone",
+                "torchrun_ddp_baseline.py",
+                str(args.steps),
+                "{tmp}/timing.json",
+            ],
+            "timing.json",
+        ),
+        "unipar": (
+            [
+                str(bin_dir / "unipar"),
+                "train",
+                "workload.py",
+                "--workers",
+                "2",
+                "--steps",
+                str(args.steps),
+                "--run-dir",
+                "{tmp}/run",
+                "--checkpoint-every",
+                "1000000",
+                "--no-progress",
+            ],
+            "run/metrics.jsonl",
+        ),
+    }
+    runs: dict[str, list[RunTiming]] = {"torchrun": [], "unipar": []}
+    for repeat in range(args.repeats):
+        for name, (command, output_name) in commands.items():
+            timing = _timed_run(command, output_name, args.warmup)
+            runs[name].append(timing)
+            print(
+                f"repeat {repeat} {name:8s} steady {timing.steps_per_s:6.3f} steps/s   "
+                f"first step after {timing.first_step_s:6.2f} s",
+                flush=True,
+            )
+    summary = {
+        name: RunTiming(
+            statistics.median(t.steps_per_s for t in timings),
+            statistics.median(t.first_step_s for t in timings),
+        )
+        for name, timings in runs.items()
+    }
+    ours, base = summary["unipar"], summary["torchrun"]
+    print(f"\n{'':10s}{'steady steps/s':>16s}{'first step (s)':>16s}")
+    for name, timing in summary.items():
+        print(f"{name:10s}{timing.steps_per_s:16.3f}{timing.first_step_s:16.2f}")
+    print(
+        f"{'ratio':10s}{ours.steps_per_s / base.steps_per_s:16.3f}"
+        f"{ours.first_step_s / base.first_step_s:16.2f}"
+        "   (unipar / torchrun; targets: steady >= 0.99, first step <= 1.5)"
+    )
+
+
+if __name__ == "__main__":
+    main()

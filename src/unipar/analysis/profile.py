@@ -1,0 +1,236 @@
+"""Analyse a model on the meta device: per layer, in execution order, what one sample
+costs. Nothing is allocated, so a trillion-parameter model is analysed on a laptop.
+
+One forward pass on meta tensors is observed at the ATen level:
+- matrix products (every op PyTorch's FLOP counter knows) give forward FLOPs;
+- every other op that writes new memory (not a view) gives bytes moved (inputs read,
+  output written), the traffic of memory-bound kernels;
+- tensors autograd saves for backward (parameters excluded, shared storage counted
+  once) give the activation memory;
+- a layer's output gives what a pipeline boundary after it would send.
+Backward is taken as twice the forward in FLOPs and bytes (Narayanan et al. 2021, Sec. 5.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from unipar.errors import ConfigError
+
+_VIEW_LIKE = {"_unsafe_view", "alias", "detach"}
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+
+
+class LayerKind(Enum):
+    EMBEDDING = "embedding"
+    BLOCK = "block"
+    HEAD = "head"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """Costs of one layer for one sample; elements, not bytes (the dtype is the plan's).
+
+    ``*_sharded`` parts split under tensor parallelism; ``*_replicated`` parts act on
+    tensors of the model's full hidden width, which Megatron-style tensor parallelism
+    keeps whole on every rank (Korthikanti et al. 2022, Sec. 4.2).
+    """
+
+    name: str
+    kind: LayerKind
+    params: int
+    forward_flops: float
+    matmul_ops: int
+    memory_ops: int
+    moved_elems_sharded: float
+    moved_elems_replicated: float
+    saved_elems_sharded: float
+    saved_elems_replicated: float
+    output_elems: float
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    layers: tuple[LayerProfile, ...]
+    hidden: int | None
+    tp_divisibility: tuple[tuple[str, int], ...]  # (what, size) tp must divide
+
+    @property
+    def params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+    @property
+    def forward_flops(self) -> float:
+        return sum(layer.forward_flops for layer in self.layers)
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(layer.kind is LayerKind.BLOCK for layer in self.layers)
+
+
+def layer_sequence(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Top-level children in definition order, with containers (``ModuleList``,
+    ``ModuleDict``, ``Sequential``) expanded into their items."""
+    layers = []
+    for name, child in model.named_children():
+        if isinstance(child, _CONTAINERS):
+            layers.extend((f"{name}.{sub}", item) for sub, item in child.named_children())
+        else:
+            layers.append((name, child))
+    return layers
+
+
+def _kind(module: nn.Module, index: int, count: int) -> LayerKind:
+    if isinstance(module, nn.Embedding):
+        return LayerKind.EMBEDDING
+    if index == count - 1 and isinstance(module, nn.Linear):
+        return LayerKind.HEAD
+    if sum(1 for _ in module.parameters()) > 4 and any(True for _ in module.children()):
+        return LayerKind.BLOCK
+    return LayerKind.OTHER
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, hidden: int | None) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.current: str | None = None
+        self.stats: dict[str, dict[str, float]] = {}
+
+    def _bucket(self) -> dict[str, float]:
+        name = self.current or "<top>"
+        return self.stats.setdefault(name, dict.fromkeys(_FIELDS, 0.0))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        bucket = self._bucket()
+        packet = func.overloadpacket
+        if packet in flop_registry:
+            flops = flop_registry[packet](*args, **kwargs, out_val=out)
+            bucket["flops"] += flops
+            bucket["matmul_ops"] += 1
+            return out
+        returns = func._schema.returns
+        if not returns or returns[0].alias_info is not None or packet.__name__ in _VIEW_LIKE:
+            return out
+        if packet.__name__ == "embedding":  # a gather reads only the rows it returns
+            moved = 2 * _numel(out)
+        else:
+            moved = sum(_numel(t) for t in torch.utils._pytree.tree_leaves((args, kwargs, out)))
+        outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        replicated = bool(outputs) and outputs[0].dim() > 0 and outputs[0].shape[-1] == self.hidden
+        bucket["moved_replicated" if replicated else "moved_sharded"] += moved
+        bucket["memory_ops"] += 1
+        return out
+
+
+_FIELDS = (
+    "flops",
+    "matmul_ops",
+    "memory_ops",
+    "moved_sharded",
+    "moved_replicated",
+    "saved_sharded",
+    "saved_replicated",
+    "output",
+)
+
+
+def _numel(x: object) -> int:
+    return x.numel() if isinstance(x, torch.Tensor) else 0
+
+
+def analyze(
+    model_factory: Callable[[], nn.Module],
+    sample_input: Callable[[], torch.Tensor] | torch.Size | tuple[int, ...],
+    *,
+    input_dtype: torch.dtype = torch.long,
+    hidden: int | None = None,
+    tp_divisibility: tuple[tuple[str, int], ...] = (),
+) -> ModelProfile:
+    """Profile ``model_factory()`` on one sample of shape ``sample_input`` (batch of 1).
+
+    ``hidden``: the model's residual width, which tells replicated from sharded
+    tensors under tensor parallelism (``None``: everything counts as sharded).
+    """
+    with torch.device("meta"):
+        try:
+            model = model_factory()
+        except Exception as error:
+            raise ConfigError(
+                f"the model factory failed on the meta device ({type(error).__name__}: "
+                f"{error}); build parameters from shapes only, with no data-dependent code"
+            ) from error
+        if callable(sample_input):
+            inputs = sample_input()
+        else:
+            inputs = torch.zeros((1, *sample_input), dtype=input_dtype)
+    sequence = layer_sequence(model)
+    if not sequence:
+        raise ConfigError(f"{type(model).__name__} has no child modules to analyse as layers")
+    recorder = _Recorder(hidden)
+    param_storages = {p.untyped_storage()._cdata for p in model.parameters()}
+    seen_storages: set[int] = set()
+    names = {id(module): name for name, module in sequence}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = t.untyped_storage()._cdata
+        if key not in param_storages and key not in seen_storages:
+            seen_storages.add(key)
+            bucket = recorder._bucket()
+            replicated = t.dim() > 0 and t.shape[-1] == hidden
+            bucket["saved_replicated" if replicated else "saved_sharded"] += t.numel()
+        return t
+
+    def enter(module: nn.Module, _args: object) -> None:
+        recorder.current = names[id(module)]
+
+    def leave(module: nn.Module, _args: object, output: object) -> None:
+        if isinstance(output, torch.Tensor):
+            recorder._bucket()["output"] = output.numel()
+
+    handles = []
+    for _, module in sequence:
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave))
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), recorder:
+            model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return _profile(model, sequence, recorder.stats, hidden, tp_divisibility)
+
+
+def _profile(model, sequence, stats, hidden, tp_divisibility) -> ModelProfile:  # type: ignore[no-untyped-def]
+    top = stats.pop("<top>", None)
+    layers = []
+    for index, (name, module) in enumerate(sequence):
+        s = stats.get(name, dict.fromkeys(_FIELDS, 0.0))
+        if top is not None and index == 0:  # glue code in the model's own forward
+            s = {key: s[key] + (top[key] if key != "output" else 0) for key in _FIELDS}
+        layers.append(
+            LayerProfile(
+                name=name,
+                kind=_kind(module, index, len(sequence)),
+                params=sum(p.numel() for p in module.parameters()),
+                forward_flops=s["flops"],
+                matmul_ops=int(s["matmul_ops"]),
+                memory_ops=int(s["memory_ops"]),
+                moved_elems_sharded=s["moved_sharded"],
+                moved_elems_replicated=s["moved_replicated"],
+                saved_elems_sharded=s["saved_sharded"],
+                saved_elems_replicated=s["saved_replicated"],
+                output_elems=s["output"],
+            )
+        )
+    return ModelProfile(tuple(layers), hidden, tuple(tp_divisibility))

@@ -1,0 +1,147 @@
+"""What a cluster offers the planner: devices, memory, compute rates and links.
+
+Rates are the vendors' published peaks; achievable fractions are physical properties of
+the hardware measured by others (cited per preset), not fitted to training runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from unipar.errors import ConfigError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator (or one CPU worker).
+
+    ``gemm_efficiency``: fraction of peak that large matrix products reach.
+    ``kernel_overhead_s``: fixed cost of one operation (launch and tail), which makes
+    small operations reach less of the peak: an op of ``f`` FLOPs takes
+    ``f / (peak * gemm_efficiency) + kernel_overhead_s``.
+    ``reserved_gib``: memory the framework and runtime take before the model (context,
+    communication buffers, allocator fragmentation).
+    """
+
+    name: str
+    memory_gib: float
+    peak_flops: float  # 16-bit (bf16/fp16) dense, or fp32 for CPUs
+    memory_bandwidth: float  # bytes/s
+    gemm_efficiency: float
+    kernel_overhead_s: float
+    reserved_gib: float
+    bytes_per_element: int = 2  # training precision of activations and weights
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A link class: ``bandwidth`` in bytes/s one way, ``latency_s`` per message.
+
+    Within a node the bandwidth is per device; across nodes it is the whole node's
+    network bandwidth, shared by the node's devices.
+    """
+
+    bandwidth: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    nodes: int
+    devices_per_node: int
+    device: DeviceSpec
+    intra_node: LinkSpec
+    inter_node: LinkSpec
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.devices_per_node < 1:
+            raise ConfigError(
+                f"a cluster needs nodes >= 1 and devices_per_node >= 1, but got "
+                f"nodes={self.nodes}, devices_per_node={self.devices_per_node}"
+            )
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def resized(self, nodes: int, devices_per_node: int | None = None) -> ClusterSpec:
+        return replace(
+            self, nodes=nodes, devices_per_node=devices_per_node or self.devices_per_node
+        )
+
+
+# Spec sheets: NVIDIA A100 datasheet (2021), H100 datasheet (2023), V100 datasheet (2018);
+# AWS p3.16xlarge: 8 V100-16GB, 25 Gb/s network. GEMM efficiency ~0.8 of the bf16 peak
+# for large products on A100/H100 (cuBLAS, NVIDIA's "Matrix multiplication background"
+# guide); NCCL all-reduce bus bandwidth within a DGX A100 ~230 GB/s of the 300 GB/s
+# NVLink (nccl-tests); HDR InfiniBand 200 Gb/s per GPU, 8 per DGX node.
+_A100_80 = DeviceSpec(
+    name="A100-SXM4-80GB",
+    memory_gib=80,
+    peak_flops=312e12,
+    memory_bandwidth=2.039e12,
+    gemm_efficiency=0.80,
+    kernel_overhead_s=8e-6,
+    reserved_gib=3.0,
+)
+_A100_40 = replace(_A100_80, name="A100-SXM4-40GB", memory_gib=40, memory_bandwidth=1.555e12)
+_H100_80 = DeviceSpec(
+    name="H100-SXM5-80GB",
+    memory_gib=80,
+    peak_flops=989e12,
+    memory_bandwidth=3.35e12,
+    gemm_efficiency=0.75,
+    kernel_overhead_s=6e-6,
+    reserved_gib=3.0,
+)
+_V100_16 = DeviceSpec(
+    name="V100-SXM2-16GB",
+    memory_gib=16,
+    peak_flops=125e12,
+    memory_bandwidth=0.9e12,
+    gemm_efficiency=0.75,
+    kernel_overhead_s=10e-6,
+    reserved_gib=1.5,
+)
+_DGX_A100_NVLINK = LinkSpec(bandwidth=230e9, latency_s=10e-6)
+_DGX_A100_IB = LinkSpec(bandwidth=8 * 23e9, latency_s=15e-6)
+
+PRESETS: dict[str, ClusterSpec] = {
+    "a100-80g": ClusterSpec("a100-80g", 1, 8, _A100_80, _DGX_A100_NVLINK, _DGX_A100_IB),
+    "a100-40g": ClusterSpec("a100-40g", 1, 8, _A100_40, _DGX_A100_NVLINK, _DGX_A100_IB),
+    "h100-80g": ClusterSpec(
+        "h100-80g",
+        1,
+        8,
+        _H100_80,
+        LinkSpec(bandwidth=360e9, latency_s=8e-6),  # NVLink 4: 450 GB/s one way
+        LinkSpec(bandwidth=8 * 45e9, latency_s=12e-6),  # 8 x NDR 400 Gb/s
+    ),
+    "v100-16g": ClusterSpec(
+        "v100-16g",
+        1,
+        8,
+        _V100_16,
+        LinkSpec(bandwidth=120e9, latency_s=12e-6),  # NVLink 2 hybrid cube mesh
+        LinkSpec(bandwidth=25e9 / 8, latency_s=50e-6),  # p3.16xlarge: 25 Gb/s per node
+    ),
+}
+
+
+def cluster_preset(
+    name: str, *, nodes: int = 1, devices_per_node: int | None = None
+) -> ClusterSpec:
+    """A preset by name (``a100-80g``, ``a100-40g``, ``h100-80g``, ``v100-16g``, ``cpu``)."""
+    if name == "cpu":
+        from unipar.cluster.calibrate import calibrated_cpu_cluster
+
+        return calibrated_cpu_cluster(nodes=nodes, devices_per_node=devices_per_node or 2)
+    if name not in PRESETS:
+        raise ConfigError(
+            f"unknown cluster preset {name!r}; known presets: "
+            f"{', '.join([*sorted(PRESETS), 'cpu'])}"
+        )
+    return PRESETS[name].resized(nodes, devices_per_node)

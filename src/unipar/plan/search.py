@@ -1,0 +1,243 @@
+"""Search the unified space for the fastest plan that fits.
+
+Enumerates mesh factorisations (tp within a node, dividing what tensor parallelism must
+divide) x data-parallel flavour (all-reduce, ZeRO-2, ZeRO-3) x micro-batch size x pipeline
+schedule x recompute. Layers are split into pipeline stages by dynamic programming that
+minimises the slowest stage (the inter-operator pass of Alpa, Zheng et al. 2022, Sec. 5).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from unipar.analysis.profile import ModelProfile
+from unipar.cluster.spec import ClusterSpec
+from unipar.errors import ConfigError
+from unipar.plan.cost import Estimate, estimate, layer_time
+from unipar.plan.plan import Mesh, PipelineSchedule, Plan, Recompute
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Choices pinned by the user (``None``: searched)."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    fsdp: int | None = None
+    microbatch_size: int | None = None
+    schedule: PipelineSchedule | None = None
+    recompute: Recompute | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    plan: Plan
+    estimate: Estimate
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: Candidate
+    ranked: tuple[Candidate, ...]  # plans that fit, fastest first
+    rejected: tuple[Candidate, ...]  # plans over memory, least over first
+    evaluated: int
+    search_time_s: float
+
+
+def balanced_partition(weights: Sequence[float], parts: int) -> list[list[int]]:
+    """Split ``weights`` into ``parts`` contiguous non-empty runs minimising the largest
+    run's sum. Dynamic program over (runs, prefix end): best[k][j] = min over i of
+    max(best[k-1][i], sum(weights[i:j])), one vectorised row per run."""
+    n = len(weights)
+    if not 1 <= parts <= n:
+        raise ConfigError(f"cannot split {n} layers into {parts} pipeline stages")
+    prefix = np.concatenate([[0.0], np.cumsum(weights)])
+    span = prefix[None, :] - prefix[:, None]  # span[i, j] = sum(weights[i:j])
+    invalid = np.tril(np.ones((n + 1, n + 1), dtype=bool))  # need i < j
+    best = np.where(np.arange(n + 1) > 0, span[0], np.inf)
+    best[0] = np.inf
+    choices = []
+    for _ in range(1, parts):
+        cost = np.maximum(best[:, None], span)
+        cost[invalid] = np.inf
+        choices.append(cost.argmin(axis=0))
+        best = cost.min(axis=0)
+    cuts, end = [], n
+    for choice in reversed(choices):
+        start = int(choice[end])
+        cuts.append(start)
+        end = start
+    bounds = [0, *reversed(cuts), n]
+    return [list(range(bounds[k], bounds[k + 1])) for k in range(parts)]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _meshes(
+    profile: ModelProfile, cluster: ClusterSpec, batch: int, fixed: Constraints
+) -> Iterator[tuple[Mesh, bool]]:
+    devices = cluster.num_devices
+    pinned = [fixed.tp, fixed.pp, fixed.dp, fixed.fsdp]
+    if all(v is not None for v in pinned):
+        devices = fixed.tp * fixed.pp * fixed.dp * fixed.fsdp  # type: ignore[operator]
+    for tp in _divisors(cluster.devices_per_node):
+        if fixed.tp not in (None, tp) or devices % tp:
+            continue
+        if any(size % tp for _, size in profile.tp_divisibility):
+            continue
+        for pp in _divisors(devices // tp):
+            if fixed.pp not in (None, pp) or pp > max(1, profile.num_blocks):
+                continue
+            replicas = devices // (tp * pp)
+            if batch % replicas:
+                continue
+            for dp, fsdp, reshard in _data_parallel_flavours(replicas, fixed):
+                yield Mesh(pp=pp, dp=dp, fsdp=fsdp, tp=tp), reshard
+
+
+def _data_parallel_flavours(replicas: int, fixed: Constraints) -> list[tuple[int, int, bool]]:
+    options = [(replicas, 1, True)]
+    if replicas > 1:
+        options += [(1, replicas, False), (1, replicas, True)]  # ZeRO-2, ZeRO-3
+    return [
+        (dp, fsdp, reshard)
+        for dp, fsdp, reshard in options
+        if fixed.dp in (None, dp) and fixed.fsdp in (None, fsdp)
+    ]
+
+
+def _schedules(mesh: Mesh, profile: ModelProfile, m: int, fixed: Constraints):  # type: ignore[no-untyped-def]
+    if mesh.pp == 1:
+        yield PipelineSchedule.ONE_F_ONE_B, 1
+        return
+    for schedule in PipelineSchedule:
+        if fixed.schedule not in (None, schedule):
+            continue
+        if schedule is not PipelineSchedule.INTERLEAVED_1F1B:
+            yield schedule, 1
+            continue
+        for v in (2, 4):
+            # Megatron's interleaving needs m to be a multiple of pp.
+            if mesh.pp * v <= profile.num_blocks and m % mesh.pp == 0:
+                yield schedule, v
+
+
+def search(
+    profile: ModelProfile,
+    cluster: ClusterSpec,
+    global_batch_size: int,
+    constraints: Constraints = Constraints(),
+    *,
+    keep: int = 8,
+) -> SearchResult:
+    started = time.perf_counter()
+    check_constraints(profile, cluster, global_batch_size, constraints)
+    partitions: dict[tuple, list[list[int]]] = {}
+    fitting: list[Candidate] = []
+    over: list[Candidate] = []
+    evaluated = 0
+    recomputes = [constraints.recompute] if constraints.recompute else list(Recompute)
+    for mesh, reshard in _meshes(profile, cluster, global_batch_size, constraints):
+        per_replica = global_batch_size // mesh.data_replicas
+        for b in _divisors(per_replica):
+            if constraints.microbatch_size not in (None, b):
+                continue
+            m = per_replica // b
+            for schedule, v in _schedules(mesh, profile, m, constraints):
+                for recompute in recomputes:
+                    plan = Plan(
+                        mesh=mesh,
+                        microbatch_size=b,
+                        num_microbatches=m,
+                        schedule=schedule,
+                        virtual_stages=v,
+                        recompute=recompute,
+                        reshard_after_forward=reshard,
+                    )
+                    chunks = mesh.pp * v
+                    key = (chunks, mesh.tp, recompute)
+                    if key not in partitions:
+                        unit = replace(plan, microbatch_size=1)
+                        weights = [sum(layer_time(x, unit, cluster)) for x in profile.layers]
+                        partitions[key] = balanced_partition(weights, chunks)
+                    stages = partitions[key]
+                    plan = replace(plan, stage_boundaries=tuple(s[0] for s in stages[1:]))
+                    result = estimate(profile, plan, cluster, stages)
+                    evaluated += 1
+                    (fitting if result.fits else over).append(Candidate(plan, result))
+    fitting.sort(key=lambda c: c.estimate.step_time_s)
+    over.sort(key=lambda c: c.estimate.memory.total_gib)
+    if not fitting:
+        raise _no_fit_error(profile, cluster, over, evaluated)
+    return SearchResult(
+        best=fitting[0],
+        ranked=tuple(fitting[:keep]),
+        rejected=tuple(over[:keep]),
+        evaluated=evaluated,
+        search_time_s=time.perf_counter() - started,
+    )
+
+
+def check_constraints(
+    profile: ModelProfile, cluster: ClusterSpec, batch: int, fixed: Constraints
+) -> None:
+    if fixed.tp is not None:
+        for what, size in profile.tp_divisibility:
+            if size % fixed.tp:
+                choices = [d for d in _divisors(size) if d <= cluster.devices_per_node]
+                raise ConfigError(
+                    f"`tp` must divide `{what}`, but got tp={fixed.tp}, {what}={size}; "
+                    f"choose tp among {choices}"
+                )
+        if fixed.tp > cluster.devices_per_node:
+            raise ConfigError(
+                f"tp must fit within one node, but got tp={fixed.tp} with "
+                f"{cluster.devices_per_node} devices per node"
+            )
+    sizes = {"tp": fixed.tp, "pp": fixed.pp, "dp": fixed.dp, "fsdp": fixed.fsdp}
+    pinned = {k: v for k, v in sizes.items() if v is not None}
+    used = 1
+    for size in pinned.values():
+        used *= size
+    if used > cluster.num_devices:
+        shown = " x ".join(f"{k}={v}" for k, v in pinned.items())
+        raise ConfigError(
+            f"the plan needs {used} devices ({shown}), but the cluster has "
+            f"{cluster.num_devices} ({cluster.nodes} nodes x {cluster.devices_per_node}); "
+            "use more nodes or smaller axes"
+        )
+    if len(pinned) == 4 or (len(pinned) == 3 and "fsdp" not in pinned):
+        replicas = (fixed.dp or 1) * (fixed.fsdp or 1)
+        if batch % replicas:
+            raise ConfigError(
+                f"the global batch must divide over the data replicas, but got "
+                f"global_batch={batch}, dp x fsdp={replicas}"
+            )
+
+
+def _no_fit_error(
+    profile: ModelProfile, cluster: ClusterSpec, over: list[Candidate], evaluated: int
+) -> ConfigError:
+    if not over:
+        return ConfigError(
+            f"no plan matches the constraints on {cluster.num_devices} devices "
+            f"({evaluated} evaluated); relax --fix or change the cluster or batch"
+        )
+    least = over[0]
+    need, have = least.estimate.memory.total_gib, cluster.device.memory_gib
+    factor = need / have
+    return ConfigError(
+        f"the model ({profile.params / 1e9:.2f}B parameters) fits under no plan: the "
+        f"smallest needs {need:.1f} GiB per device (plan tp={least.plan.mesh.tp}, "
+        f"pp={least.plan.mesh.pp}, fsdp={least.plan.mesh.fsdp}, recompute="
+        f"{least.plan.recompute.value}), {have:.1f} GiB available; use about "
+        f"{factor:.1f}x more devices (e.g. {cluster.nodes * 2 ** max(1, int(factor).bit_length())} "
+        "nodes), devices with more memory, or a smaller model or sequence"
+    )
