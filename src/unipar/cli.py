@@ -11,6 +11,7 @@ from pathlib import Path
 
 from unipar.errors import ConfigError, UniparError
 from unipar.job import Job
+from unipar.plan_cli import add_plan_parser
 
 
 def check_target(target: str) -> None:
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-failures", type=int, default=3)
     train.add_argument("--no-progress", action="store_true")
     train.set_defaults(handler=_train)
+    add_plan_parser(commands)
     return parser
 
 

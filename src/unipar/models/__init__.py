@@ -1,5 +1,8 @@
-"""Small reference models used by demos, tests and planning."""
+"""Reference models used by demos, tests and planning: GPT, Llama-style, MLP."""
 
 from unipar.models.gpt import GPT, GPTConfig
+from unipar.models.llama import Llama, LlamaConfig
+from unipar.models.mlp import MLP, MLPConfig
+from unipar.models.spec import ModelSpec
 
-__all__ = ["GPT", "GPTConfig"]
+__all__ = ["GPT", "MLP", "GPTConfig", "Llama", "LlamaConfig", "MLPConfig", "ModelSpec"]

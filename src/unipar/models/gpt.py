@@ -9,6 +9,7 @@ parameters (the layout torchtitan uses).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from unipar.errors import ConfigError
+from unipar.models.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,16 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(
+            name="gpt",
+            factory=functools.partial(GPT, self),
+            sample_shape=(self.seq_len,),
+            hidden=self.hidden,
+            tp_divisibility=(("heads", self.heads),),
+            tokens_per_sample=self.seq_len,
+        )
 
 
 class Attention(nn.Module):

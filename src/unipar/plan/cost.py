@@ -27,11 +27,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from unipar.analysis.profile import LayerKind, LayerProfile, ModelProfile
 from unipar.cluster.spec import GIB, ClusterSpec, LinkSpec
-from unipar.plan.plan import Mesh, PipelineSchedule, Plan, Recompute
+from unipar.plan.representation import Mesh, PipelineSchedule, Plan, Recompute
 
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master weights, Adam momentum and variance
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
 ADAM_STEP_BYTES_PER_PARAM = 30  # read weights, grads, master, m, v; write weights, master, m, v
 _AXIS_ORDER = ("tp", "fsdp", "dp", "pp")  # innermost (within a node) first
 
@@ -123,10 +126,17 @@ def _ring_level(nbytes: float, n: int, link: LinkSpec, share: float, fraction: f
 
 
 def layer_forward_time(layer: LayerProfile, samples: int, tp: int, cluster: ClusterSpec) -> float:
+    """Roofline per matrix product (the slower of its FLOPs and its bytes), bytes for the
+    memory-bound rest, and a fixed cost per op."""
     device = cluster.device
-    gemm = layer.forward_flops * samples / tp / (device.peak_flops * device.gemm_efficiency)
+    rate = device.peak_flops * device.gemm_efficiency
+    bpe, bandwidth = device.bytes_per_element, device.memory_bandwidth
+    gemm = sum(
+        max(flops * samples / tp / rate, (act * samples + weights) / tp * bpe / bandwidth)
+        for flops, act, weights in layer.matmuls
+    )
     moved = (layer.moved_elems_sharded / tp + layer.moved_elems_replicated) * samples
-    memory = moved * device.bytes_per_element / device.memory_bandwidth
+    memory = moved * bpe / device.memory_bandwidth
     return gemm + memory + (layer.matmul_ops + layer.memory_ops) * device.kernel_overhead_s
 
 
@@ -147,31 +157,33 @@ def layer_time(layer: LayerProfile, plan: Plan, cluster: ClusterSpec) -> tuple[f
     return compute, tp_allreduces(layer) * comm_passes * one
 
 
-def stage_memory(
-    layers: list[LayerProfile], plan: Plan, cluster: ClusterSpec, in_flight: float
+def rank_memory(
+    loads: RankLoads, plan: Plan, cluster: ClusterSpec, in_flight: float
 ) -> MemoryBreakdown:
+    """Memory of the pipeline rank that needs the most."""
     mesh, device = plan.mesh, cluster.device
-    bpe = device.bytes_per_element
-    params = sum(layer.params for layer in layers) / mesh.tp
-    zero3 = mesh.fsdp > 1 and plan.reshard_after_forward
-    weights = params * bpe / (mesh.fsdp if zero3 else 1)
-    gradients = params * bpe / mesh.fsdp
-    optimizer = params * OPTIMIZER_BYTES_PER_PARAM / mesh.fsdp
-    b = plan.microbatch_size
-
-    def saved(layer: LayerProfile) -> float:
-        return (layer.saved_elems_sharded / mesh.tp + layer.saved_elems_replicated) * b * bpe
-
+    bpe, b, tp = device.bytes_per_element, plan.microbatch_size, mesh.tp
     if plan.recompute is Recompute.FULL:
-        kept = sum(layer.output_elems for layer in layers) * b * bpe  # each layer's input
-        activations = kept * in_flight + max(saved(layer) for layer in layers)
+        # Each layer's input is kept; one layer's activations exist while it recomputes.
+        largest = (loads.layer_saved_sharded / tp + loads.layer_saved_replicated).max(axis=1)
+        activations = (loads.kept_inputs * in_flight + largest) * b * bpe
     else:
-        activations = sum(saved(layer) for layer in layers) * in_flight
+        activations = (loads.saved_sharded / tp + loads.saved_replicated) * b * bpe * in_flight
+    zero3 = mesh.fsdp > 1 and plan.reshard_after_forward
+    per_param = bpe / (mesh.fsdp if zero3 else 1) + (bpe + OPTIMIZER_BYTES_PER_PARAM) / mesh.fsdp
+    # Sharded weights and gradients exist whole for the layer at work: ZeRO-3 holds the
+    # gathered weights of the current and the prefetched layer, and with any sharding
+    # one layer's full gradient waits for its reduce-scatter.
+    largest_layer = loads.layer_params.max(axis=1) / tp * bpe
+    working = largest_layer * ((2 if zero3 else 0) + (1 if mesh.fsdp > 1 else 0))
+    totals = loads.params / tp * per_param + activations + working
+    rank = int(np.argmax(totals))
+    params = float(loads.params[rank]) / tp
     return MemoryBreakdown(
-        weights_gib=weights / GIB,
-        gradients_gib=gradients / GIB,
-        optimizer_gib=optimizer / GIB,
-        activations_gib=activations / GIB,
+        weights_gib=(params * bpe / (mesh.fsdp if zero3 else 1) + float(working[rank])) / GIB,
+        gradients_gib=params * bpe / mesh.fsdp / GIB,
+        optimizer_gib=params * OPTIMIZER_BYTES_PER_PARAM / mesh.fsdp / GIB,
+        activations_gib=float(activations[rank]) / GIB,
         reserved_gib=device.reserved_gib,
     )
 
@@ -187,83 +199,135 @@ def in_flight_microbatches(plan: Plan) -> float:
     return float(min(m, p))
 
 
+@dataclass(frozen=True)
+class RankLoads:
+    """What each pipeline rank holds, as arrays over ranks (rows) for fast estimates."""
+
+    counts: np.ndarray  # [ranks, distinct layers]: how many of each layer
+    params: np.ndarray  # [ranks]
+    kept_inputs: np.ndarray  # [ranks]: each layer's input, kept under full recompute
+    saved_sharded: np.ndarray  # [ranks]: elements saved for backward
+    saved_replicated: np.ndarray
+    layer_params: np.ndarray  # [ranks, distinct layers], 0 where absent
+    layer_saved_sharded: np.ndarray
+    layer_saved_replicated: np.ndarray
+
+
+class CostModel:
+    """:func:`estimate` for many plans of one model on one cluster: layer times are
+    computed once per distinct layer and (microbatch, tp, recompute)."""
+
+    def __init__(self, profile: ModelProfile, cluster: ClusterSpec) -> None:
+        self.profile, self.cluster = profile, cluster
+        self.forward_flops = profile.forward_flops
+        index: dict[LayerProfile, int] = {}
+        self.unique: list[LayerProfile] = []
+        self.layer_index: list[int] = []
+        for layer in profile.layers:
+            if layer not in index:
+                index[layer] = len(self.unique)
+                self.unique.append(layer)
+            self.layer_index.append(index[layer])
+        self._times: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._loads: dict[tuple, RankLoads] = {}
+
+    def layer_times(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+        key = (plan.microbatch_size, plan.mesh.tp, plan.recompute)
+        if key not in self._times:
+            pairs = [layer_time(layer, plan, self.cluster) for layer in self.unique]
+            self._times[key] = (np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
+        return self._times[key]
+
+    def rank_loads(self, stages: list[list[int]], pp: int) -> RankLoads:
+        key = (pp, tuple(s[0] for s in stages), len(stages))
+        if key not in self._loads:
+            counts = np.zeros((pp, len(self.unique)))
+            for chunk, indices in enumerate(stages):
+                for i in indices:
+                    counts[chunk % pp, self.layer_index[i]] += 1
+            column = np.array
+            u = self.unique
+            params = column([x.params for x in u], dtype=float)
+            kept = column([x.output_elems for x in u])
+            sharded = column([x.saved_elems_sharded for x in u])
+            replicated = column([x.saved_elems_replicated for x in u])
+            present = counts > 0
+            self._loads[key] = RankLoads(
+                counts=counts,
+                params=counts @ params,
+                kept_inputs=counts @ kept,
+                saved_sharded=counts @ sharded,
+                saved_replicated=counts @ replicated,
+                layer_params=present * params,
+                layer_saved_sharded=present * sharded,
+                layer_saved_replicated=present * replicated,
+            )
+        return self._loads[key]
+
+    def estimate(self, plan: Plan, stages: list[list[int]]) -> Estimate:
+        return _estimate(self, plan, stages)
+
+
 def estimate(
     profile: ModelProfile, plan: Plan, cluster: ClusterSpec, stages: list[list[int]]
 ) -> Estimate:
     """Predict ``plan`` with layers split into ``stages`` (pp x virtual_stages chunks of
     layer indices, in order; chunk ``c`` runs on pipeline rank ``c % pp``)."""
-    mesh = plan.mesh
-    layers = profile.layers
-    per_layer = [layer_time(layer, plan, cluster) for layer in layers]
-    bpe = cluster.device.bytes_per_element
-    # Per pipeline rank: its chunks' compute and tp comm per microbatch.
-    rank_compute = [0.0] * mesh.pp
-    rank_tp = [0.0] * mesh.pp
-    for chunk, indices in enumerate(stages):
-        rank = chunk % mesh.pp
-        rank_compute[rank] += sum(per_layer[i][0] for i in indices)
-        rank_tp[rank] += sum(per_layer[i][1] for i in indices)
-    slowest = max(range(mesh.pp), key=lambda r: rank_compute[r] + rank_tp[r])
-    per_micro = rank_compute[slowest] + rank_tp[slowest]
+    return CostModel(profile, cluster).estimate(plan, stages)
+
+
+def _estimate(model: CostModel, plan: Plan, stages: list[list[int]]) -> Estimate:
+    profile, cluster = model.profile, model.cluster
+    mesh, device = plan.mesh, cluster.device
+    bpe = device.bytes_per_element
+    compute, comm = model.layer_times(plan)
+    loads = model.rank_loads(stages, mesh.pp)
+    rank_compute_all = loads.counts @ compute
+    rank_comm_all = loads.counts @ comm
+    slowest = int(np.argmax(rank_compute_all + rank_comm_all))
+    rank_compute, rank_tp = float(rank_compute_all[slowest]), float(rank_comm_all[slowest])
+    per_micro = rank_compute + rank_tp
     m = plan.num_microbatches
     p2p = 0.0
     if mesh.pp > 1:
-        boundary = layers[stages[0][-1]].output_elems * plan.microbatch_size * bpe / mesh.tp
+        boundary = profile.layers[stages[0][-1]].output_elems * plan.microbatch_size * bpe
+        boundary /= mesh.tp
         per_node, _ = group_span(mesh, "pp", cluster.devices_per_node)
         link = cluster.intra_node if per_node > 1 else cluster.inter_node
         bandwidth = link.bandwidth if per_node > 1 else link.bandwidth / cluster.devices_per_node
         # Forward activation and backward gradient for each of the v chunks.
         p2p = m * 2 * plan.virtual_stages * (boundary / bandwidth + link.latency_s)
-    bubble_micro = (
-        (mesh.pp - 1) / plan.virtual_stages
-        if plan.schedule is not (PipelineSchedule.GPIPE)
-        else mesh.pp - 1
-    )
-    bubble = bubble_micro * per_micro
+    if plan.schedule is PipelineSchedule.GPIPE:
+        bubble = (mesh.pp - 1) * per_micro
+    else:
+        bubble = (mesh.pp - 1) / plan.virtual_stages * per_micro
 
-    stage_params = (
-        max(
-            sum(layers[i].params for c, idx in enumerate(stages) if c % mesh.pp == r for i in idx)
-            for r in range(mesh.pp)
-        )
-        / mesh.tp
-    )
+    stage_params = float(loads.params.max()) / mesh.tp
     grad_bytes = stage_params * bpe
-    sync = ring_time(grad_bytes, mesh, "dp", cluster, fraction=2)
+    # DDP all-reduces gradients in buckets of 25 MB; FSDP gathers and reduces per layer.
+    buckets = max(1.0, grad_bytes / DDP_BUCKET_BYTES)
+    sync = buckets * ring_time(grad_bytes / buckets, mesh, "dp", cluster, fraction=2)
     if mesh.fsdp > 1:
+        units = float(loads.counts.sum(axis=1).max())
         gathers = 2 * m if plan.reshard_after_forward else 1  # forward + backward per microbatch
-        sync += ring_time(grad_bytes, mesh, "fsdp", cluster, fraction=1)  # reduce-scatter
-        sync += gathers * ring_time(grad_bytes, mesh, "fsdp", cluster, fraction=1)
-    last_backward = rank_compute[0] * 2 / (3 + (plan.recompute is Recompute.FULL))
+        one = units * ring_time(grad_bytes / units, mesh, "fsdp", cluster, fraction=1)
+        sync += (1 + gathers) * one  # one reduce-scatter, then the all-gathers
+    passes = 3 + (plan.recompute is Recompute.FULL)
+    last_backward = float(rank_compute_all[0]) * 2 / passes
     exposed_sync = max(0.0, sync - last_backward)
-    optimizer = (
-        stage_params / mesh.fsdp * ADAM_STEP_BYTES_PER_PARAM / (cluster.device.memory_bandwidth)
-    )
+    optimizer = stage_params / mesh.fsdp * ADAM_STEP_BYTES_PER_PARAM / device.memory_bandwidth
     time = TimeBreakdown(
-        compute_s=m * rank_compute[slowest],
-        tp_comm_s=m * rank_tp[slowest],
+        compute_s=m * rank_compute,
+        tp_comm_s=m * rank_tp,
         pipeline_bubble_s=bubble,
         p2p_s=p2p,
         grad_sync_s=exposed_sync,
         optimizer_s=optimizer,
     )
-    in_flight = in_flight_microbatches(plan)
-    memory = max(
-        (
-            stage_memory(
-                [layers[i] for c, idx in enumerate(stages) if c % mesh.pp == r for i in idx],
-                plan,
-                cluster,
-                in_flight,
-            )
-            for r in range(mesh.pp)
-        ),
-        key=lambda mem: mem.total_gib,
-    )
-    model_flops = 3 * profile.forward_flops * plan.global_batch_size
+    memory = rank_memory(loads, plan, cluster, in_flight_microbatches(plan))
     return Estimate(
         time=time,
         memory=memory,
-        fits=memory.total_gib <= cluster.device.memory_gib,
-        model_flops=model_flops,
+        fits=memory.total_gib <= device.memory_gib,
+        model_flops=3 * model.forward_flops * plan.global_batch_size,
     )

@@ -17,8 +17,8 @@ import numpy as np
 from unipar.analysis.profile import ModelProfile
 from unipar.cluster.spec import ClusterSpec
 from unipar.errors import ConfigError
-from unipar.plan.cost import Estimate, estimate, layer_time
-from unipar.plan.plan import Mesh, PipelineSchedule, Plan, Recompute
+from unipar.plan.cost import CostModel, Estimate, layer_time
+from unipar.plan.representation import Mesh, PipelineSchedule, Plan, Recompute
 
 
 @dataclass(frozen=True)
@@ -133,12 +133,14 @@ def search(
     profile: ModelProfile,
     cluster: ClusterSpec,
     global_batch_size: int,
-    constraints: Constraints = Constraints(),
+    constraints: Constraints | None = None,
     *,
     keep: int = 8,
 ) -> SearchResult:
     started = time.perf_counter()
+    constraints = constraints or Constraints()
     check_constraints(profile, cluster, global_batch_size, constraints)
+    model = CostModel(profile, cluster)
     partitions: dict[tuple, list[list[int]]] = {}
     fitting: list[Candidate] = []
     over: list[Candidate] = []
@@ -169,7 +171,7 @@ def search(
                         partitions[key] = balanced_partition(weights, chunks)
                     stages = partitions[key]
                     plan = replace(plan, stage_boundaries=tuple(s[0] for s in stages[1:]))
-                    result = estimate(profile, plan, cluster, stages)
+                    result = model.estimate(plan, stages)
                     evaluated += 1
                     (fitting if result.fits else over).append(Candidate(plan, result))
     fitting.sort(key=lambda c: c.estimate.step_time_s)
@@ -196,10 +198,12 @@ def check_constraints(
                     f"`tp` must divide `{what}`, but got tp={fixed.tp}, {what}={size}; "
                     f"choose tp among {choices}"
                 )
-        if fixed.tp > cluster.devices_per_node:
+        if cluster.devices_per_node % fixed.tp:
             raise ConfigError(
-                f"tp must fit within one node, but got tp={fixed.tp} with "
-                f"{cluster.devices_per_node} devices per node"
+                f"`tp` must divide the devices per node (a tensor-parallel group stays in "
+                f"one node), but got tp={fixed.tp}, devices_per_node="
+                f"{cluster.devices_per_node}; choose tp among "
+                f"{_divisors(cluster.devices_per_node)}"
             )
     sizes = {"tp": fixed.tp, "pp": fixed.pp, "dp": fixed.dp, "fsdp": fixed.fsdp}
     pinned = {k: v for k, v in sizes.items() if v is not None}

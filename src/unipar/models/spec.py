@@ -1,0 +1,24 @@
+"""What the planner needs to know about a model besides its modules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model factory with one sample's input shape.
+
+    ``hidden``: residual width (tells replicated from sharded tensors under tensor
+    parallelism); ``tp_divisibility``: sizes the tensor-parallel degree must divide.
+    """
+
+    name: str
+    factory: Callable[[], nn.Module]
+    sample_shape: tuple[int, ...]
+    hidden: int | None = None
+    tp_divisibility: tuple[tuple[str, int], ...] = ()
+    tokens_per_sample: int = 1

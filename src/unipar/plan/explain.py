@@ -1,0 +1,65 @@
+"""Human-readable explanation of a plan: the choice, its numbers, and why others lost."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from unipar.plan.strategy_search import Candidate
+
+if TYPE_CHECKING:
+    from unipar.plan.report import PlanReport
+
+
+def explain(report: PlanReport) -> str:
+    from unipar.plan.report import describe
+
+    best = report.best
+    p = report.predicted()
+    e = best.estimate
+    cluster = report.cluster
+    lines = [
+        f"model: {report.profile.params / 1e9:.2f}B parameters, {len(report.profile.layers)} "
+        f"layers; cluster: {cluster.nodes} x {cluster.devices_per_node} {cluster.device.name} "
+        f"({cluster.device.memory_gib:g} GiB); global batch {report.global_batch_size}",
+        f"searched {report.result.evaluated} plans in {report.result.search_time_s:.2f} s "
+        f"(analysis {report.analysis_time_s:.2f} s)",
+        "",
+        f"chosen: {describe(best)}",
+        f"  step time      {p['step_time_s']:.3f} s   ({p['tokens_per_s']:,.0f} tokens/s)",
+        f"  per device     {p['tflops_per_device']:.1f} TFLOP/s executed, MFU {p['mfu']:.1%}",
+        "  time           "
+        + ", ".join(
+            f"{name.removesuffix('_s').replace('_', ' ')} {value:.3f}"
+            for name, value in vars(e.time).items()
+            if value > 0
+        ),
+        f"  memory/device  {e.memory.total_gib:.1f} GiB of {cluster.device.memory_gib:g}: "
+        + ", ".join(
+            f"{name.removesuffix('_gib')} {value:.1f}" for name, value in vars(e.memory).items()
+        ),
+    ]
+    if best.plan.stage_boundaries:
+        lines.append(f"  stages start at layers {list(best.plan.stage_boundaries)}")
+    alternatives = report.result.ranked[1:6]
+    if alternatives:
+        lines += ["", "next best (slower by):"]
+        lines += [_versus(best, c, describe(c)) for c in alternatives]
+    rejected = report.result.rejected[:3]
+    if rejected:
+        lines += ["", "rejected, over memory (by):"]
+        lines += [
+            f"  {describe(c):60s} needs {c.estimate.memory.total_gib:.1f} GiB "
+            f"(+{c.estimate.memory.total_gib - cluster.device.memory_gib:.1f})"
+            for c in rejected
+        ]
+    return "\n".join(lines)
+
+
+def _versus(best: Candidate, other: Candidate, name: str) -> str:
+    slower = other.estimate.step_time_s / best.estimate.step_time_s - 1
+    worst = max(
+        vars(other.estimate.time).items(),
+        key=lambda kv: kv[1] - vars(best.estimate.time)[kv[0]],
+    )
+    reason = f"more {worst[0].removesuffix('_s').replace('_', ' ')}"
+    return f"  {name:60s} +{slower:.1%}  {other.estimate.step_time_s:.3f} s ({reason})"

@@ -1,0 +1,143 @@
+"""``plan()``: analyse, search, and report the choice with its numbers and reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from unipar.analysis.profile import ModelProfile, analyze
+from unipar.cluster.spec import ClusterSpec
+from unipar.errors import ConfigError
+from unipar.models.spec import ModelSpec
+from unipar.plan.strategy_search import Candidate, Constraints, SearchResult, search
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    result: SearchResult
+    profile: ModelProfile
+    cluster: ClusterSpec
+    global_batch_size: int
+    tokens_per_sample: int
+    analysis_time_s: float
+
+    @property
+    def best(self) -> Candidate:
+        return self.result.best
+
+    def predicted(self, candidate: Candidate | None = None) -> dict[str, float]:
+        """Numbers of a candidate. ``tflops_per_device`` counts the FLOPs the devices
+        execute, recompute included (as Narayanan et al. 2021 report); ``mfu`` counts
+        the model's own FLOPs (no recompute) against the peak (Chowdhery et al. 2022)."""
+        c = candidate or self.best
+        e, plan = c.estimate, c.plan
+        devices = plan.mesh.world_size
+        step = e.step_time_s
+        executed = e.model_flops * (4 / 3 if plan.recompute.value == "full" else 1)
+        return {
+            "step_time_s": step,
+            "memory_gib_per_device": e.memory.total_gib,
+            "tflops_per_device": executed / step / devices / 1e12,
+            "mfu": e.model_flops / step / devices / self.cluster.device.peak_flops,
+            "tokens_per_s": self.global_batch_size * self.tokens_per_sample / step,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        plan = self.best.plan
+        e = self.best.estimate
+        return {
+            "plan": {
+                "tp": plan.mesh.tp,
+                "pp": plan.mesh.pp,
+                "dp": plan.mesh.dp,
+                "fsdp": plan.mesh.fsdp,
+                "microbatch_size": plan.microbatch_size,
+                "num_microbatches": plan.num_microbatches,
+                "schedule": plan.schedule.value,
+                "virtual_stages": plan.virtual_stages,
+                "recompute": plan.recompute.value,
+                "zero": _zero_level(self.best),
+                "stage_boundaries": list(plan.stage_boundaries),
+            },
+            "predicted": {
+                **self.predicted(),
+                "time_breakdown_s": vars(e.time),
+                "memory_breakdown_gib": vars(e.memory),
+            },
+            "full_plan": plan.to_dict(),
+            "cluster": {
+                "name": self.cluster.name,
+                "nodes": self.cluster.nodes,
+                "devices_per_node": self.cluster.devices_per_node,
+                "device": self.cluster.device.name,
+            },
+            "model": {"params": self.profile.params, "layers": len(self.profile.layers)},
+            "alternatives": [self._summary(c) for c in self.result.ranked[1:]],
+            "plans_evaluated": self.result.evaluated,
+            "analysis_time_s": self.analysis_time_s,
+            "search_time_s": self.result.search_time_s,
+        }
+
+    def _summary(self, candidate: Candidate) -> dict[str, Any]:
+        return {"plan": describe(candidate), **self.predicted(candidate)}
+
+    def explain(self) -> str:
+        from unipar.plan.explain import explain
+
+        return explain(self)
+
+
+def _zero_level(candidate: Candidate) -> int:
+    mesh = candidate.plan.mesh
+    if mesh.fsdp == 1:
+        return 0
+    return 3 if candidate.plan.reshard_after_forward else 2
+
+
+def describe(candidate: Candidate) -> str:
+    plan = candidate.plan
+    mesh = plan.mesh
+    parts = [f"tp={mesh.tp}", f"pp={mesh.pp}", f"dp={mesh.dp}", f"fsdp={mesh.fsdp}"]
+    if mesh.fsdp > 1:
+        parts.append(f"zero={_zero_level(candidate)}")
+    parts.append(f"mb={plan.microbatch_size}x{plan.num_microbatches}")
+    if mesh.pp > 1:
+        virtual = f"(v={plan.virtual_stages})" if plan.virtual_stages > 1 else ""
+        parts.append(f"{plan.schedule.value}{virtual}")
+    parts.append(f"recompute={plan.recompute.value}")
+    return " ".join(parts)
+
+
+def plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    global_batch_size: int,
+    *,
+    constraints: Constraints | None = None,
+) -> PlanReport:
+    """Choose how to train ``model`` on ``cluster``; nothing is allocated or run.
+
+    ``model`` is a :class:`~unipar.models.ModelSpec`: the reference configs make one with
+    ``.spec()``, or wrap your own factory with ``ModelSpec(name, factory, sample_shape)``.
+    """
+    import time
+
+    if global_batch_size < 1:
+        raise ConfigError(f"global_batch_size must be >= 1, but got {global_batch_size}")
+    started = time.perf_counter()
+    profile = analyze(
+        model.factory,
+        model.sample_shape,
+        hidden=model.hidden,
+        tp_divisibility=model.tp_divisibility,
+    )
+    analysis_time = time.perf_counter() - started
+    result = search(profile, cluster, global_batch_size, constraints or Constraints())
+    return PlanReport(
+        result=result,
+        profile=profile,
+        cluster=cluster,
+        global_batch_size=global_batch_size,
+        tokens_per_sample=model.tokens_per_sample,
+        analysis_time_s=analysis_time,
+    )

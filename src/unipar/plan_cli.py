@@ -1,0 +1,124 @@
+"""``unipar plan``: choose a parallel strategy for a reference model on a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from unipar.errors import ConfigError
+from unipar.models import GPTConfig, LlamaConfig, MLPConfig, ModelSpec
+
+_INT_KEYS = {"tp", "pp", "dp", "fsdp", "microbatch_size"}
+_ENUM_KEYS = {"schedule", "recompute"}
+
+
+def parse_fix(text: str | None):  # type: ignore[no-untyped-def]
+    """``tp=8,pp=2,recompute=full`` -> Constraints."""
+    from unipar.plan.representation import PipelineSchedule, Recompute
+    from unipar.plan.strategy_search import Constraints
+
+    if not text:
+        return Constraints()
+    values: dict[str, object] = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        key = key.strip().replace("microbatch", "microbatch_size").replace("_size_size", "_size")
+        if key in _INT_KEYS and value.isdigit() and int(value) >= 1:
+            values[key] = int(value)
+        elif key == "schedule":
+            values[key] = _choice(PipelineSchedule, value, key)
+        elif key == "recompute":
+            values[key] = _choice(Recompute, value, key)
+        else:
+            raise ConfigError(
+                f"--fix takes key=value pairs with keys {sorted(_INT_KEYS | _ENUM_KEYS)} "
+                f"(integers >= 1, or a schedule/recompute name), but got {item!r}"
+            )
+    return Constraints(**values)  # type: ignore[arg-type]
+
+
+def _choice(enum, value: str, key: str):  # type: ignore[no-untyped-def]
+    try:
+        return enum(value)
+    except ValueError:
+        raise ConfigError(
+            f"--fix {key} must be one of {[m.value for m in enum]}, but got {value!r}"
+        ) from None
+
+
+def model_spec(args: argparse.Namespace) -> ModelSpec:
+    if args.model == "gpt":
+        return GPTConfig(
+            vocab_size=args.vocab,
+            seq_len=args.seq,
+            hidden=args.hidden,
+            layers=args.layers,
+            heads=args.heads,
+            dropout=args.dropout,
+            tie_embeddings=not args.untied_embeddings,
+        ).spec()
+    if args.model == "llama":
+        return LlamaConfig(
+            vocab_size=args.vocab,
+            seq_len=args.seq,
+            hidden=args.hidden,
+            layers=args.layers,
+            heads=args.heads,
+            kv_heads=args.kv_heads or args.heads,
+            ffn_hidden=args.ffn_hidden or 4 * args.hidden,
+        ).spec()
+    return MLPConfig(
+        in_features=args.in_features,
+        hidden=args.hidden,
+        layers=args.layers,
+        out_features=args.out_features,
+    ).spec()
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from unipar.cluster import cluster_preset
+    from unipar.plan.report import plan
+
+    cluster = cluster_preset(args.cluster, nodes=args.nodes, devices_per_node=args.gpus_per_node)
+    report = plan(model_spec(args), cluster, args.global_batch, constraints=parse_fix(args.fix))
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+    else:
+        print(report.explain())
+    return 0
+
+
+def add_plan_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "plan", help="choose how to parallelise a model on a cluster (no cluster needed)"
+    )
+    parser.add_argument("model", choices=["gpt", "llama", "mlp"])
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--kv-heads", type=int, default=None, help="llama: grouped KV heads")
+    parser.add_argument("--ffn-hidden", type=int, default=None, help="llama: SwiGLU width")
+    parser.add_argument("--vocab", type=int, default=51200)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--dropout", type=float, default=0.1, help="gpt: as in Megatron-LM")
+    parser.add_argument("--untied-embeddings", action="store_true", help="gpt")
+    parser.add_argument("--in-features", type=int, default=32, help="mlp")
+    parser.add_argument("--out-features", type=int, default=10, help="mlp")
+    parser.add_argument("--global-batch", type=int, required=True)
+    parser.add_argument(
+        "--cluster",
+        default="a100-80g",
+        help="a100-80g, a100-40g, h100-80g, v100-16g or cpu (measured here)",
+    )
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument(
+        "--gpus-per-node", type=int, default=None, help="devices per node (default: the preset's)"
+    )
+    parser.add_argument(
+        "--fix", default=None, help="pin choices, e.g. tp=8,pp=2,dp=4,recompute=full"
+    )
+    parser.add_argument(
+        "--explain", action="store_true", help="print the explanation (the default without --json)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run_plan)

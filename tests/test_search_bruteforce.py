@@ -1,0 +1,114 @@
+"""The search finds the optimum that exhaustive enumeration of every plan finds, every
+layer-to-stage partition included, on small cases."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from unipar.analysis import analyze
+from unipar.cluster import cluster_preset
+from unipar.models import GPTConfig
+from unipar.plan import PipelineSchedule, Plan, Recompute, search
+from unipar.plan.cost import CostModel
+from unipar.plan.representation import Mesh
+from unipar.plan.strategy_search import balanced_partition
+
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _all_partitions(n, parts):
+    for cuts in itertools.combinations(range(1, n), parts - 1):
+        bounds = [0, *cuts, n]
+        yield [list(range(bounds[i], bounds[i + 1])) for i in range(parts)]
+
+
+def _every_plan(profile, devices_per_node, devices, batch, heads):
+    """The space, written out independently: tp within a node dividing the heads; pp up
+    to the number of blocks; dp all-reduce, or fsdp with ZeRO-2 or ZeRO-3; every
+    microbatch size; GPipe, 1F1B, interleaved (v = 2 or 4, m a multiple of pp)."""
+    for tp, pp in itertools.product(_divisors(devices_per_node), _divisors(devices)):
+        if heads % tp or devices % (tp * pp) or pp > profile.num_blocks:
+            continue
+        replicas = devices // (tp * pp)
+        if batch % replicas:
+            continue
+        flavours = [(replicas, 1, True)] + (
+            [(1, replicas, False), (1, replicas, True)] if replicas > 1 else []
+        )
+        for (dp, fsdp, reshard), b, recompute in itertools.product(
+            flavours, _divisors(batch // replicas), Recompute
+        ):
+            m = batch // replicas // b
+            schedules = (
+                [(PipelineSchedule.ONE_F_ONE_B, 1)]
+                if pp == 1
+                else [
+                    (PipelineSchedule.GPIPE, 1),
+                    (PipelineSchedule.ONE_F_ONE_B, 1),
+                    *[
+                        (PipelineSchedule.INTERLEAVED_1F1B, v)
+                        for v in (2, 4)
+                        if pp * v <= profile.num_blocks and m % pp == 0
+                    ],
+                ]
+            )
+            for schedule, v in schedules:
+                yield Plan(
+                    mesh=Mesh(pp=pp, dp=dp, fsdp=fsdp, tp=tp),
+                    microbatch_size=b,
+                    num_microbatches=m,
+                    schedule=schedule,
+                    virtual_stages=v,
+                    recompute=recompute,
+                    reshard_after_forward=reshard,
+                )
+
+
+@pytest.mark.parametrize(
+    ("hidden", "layers", "heads", "seq", "devices", "batch", "memory_gib"),
+    [
+        (1024, 6, 16, 1024, 4, 8, 80),  # memory is no object
+        (2048, 6, 16, 2048, 4, 8, 12),  # memory rules plans out
+    ],
+)
+def test_search_matches_brute_force(hidden, layers, heads, seq, devices, batch, memory_gib):
+    config = GPTConfig(vocab_size=8192, seq_len=seq, hidden=hidden, layers=layers, heads=heads)
+    spec = config.spec()
+    profile = analyze(
+        spec.factory, spec.sample_shape, hidden=hidden, tp_divisibility=spec.tp_divisibility
+    )
+    base = cluster_preset("a100-80g", nodes=1, devices_per_node=devices)
+    from dataclasses import replace
+
+    cluster = replace(base, device=replace(base.device, memory_gib=memory_gib))
+    model = CostModel(profile, cluster)
+    best_time, count = float("inf"), 0
+    for plan in _every_plan(profile, devices, devices, batch, heads):
+        for stages in _all_partitions(len(profile.layers), plan.mesh.pp * plan.virtual_stages):
+            estimate = model.estimate(plan, stages)
+            count += 1
+            if estimate.fits:
+                best_time = min(best_time, estimate.step_time_s)
+    found = search(profile, cluster, batch)
+    assert count > found.evaluated  # brute force saw every partition too
+    assert found.best.estimate.step_time_s == pytest.approx(best_time, rel=1e-12)
+    assert found.rejected or memory_gib == 80
+
+
+def test_balanced_partition_is_optimal():
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 9)
+        weights = [rng.uniform(0.1, 5) for _ in range(n)]
+        parts = rng.randint(1, n)
+        got = balanced_partition(weights, parts)
+        assert [i for run in got for i in run] == list(range(n))
+        best = min(
+            max(sum(weights[i] for i in run) for run in p) for p in _all_partitions(n, parts)
+        )
+        assert max(sum(weights[i] for i in run) for run in got) == pytest.approx(best)
