@@ -282,7 +282,10 @@ def _profile(sequence, recorder, hidden, tp_divisibility) -> ModelProfile:  # ty
     stats = recorder.stats
     top = stats.pop("<top>", None)
     layers = []
+    counted: set[int] = set()  # a shared (tied) parameter belongs to its first layer
     for index, (name, module) in enumerate(sequence):
+        own = [p for p in module.parameters() if id(p) not in counted]
+        counted.update(id(p) for p in own)
         s = stats.get(name, dict.fromkeys(_FIELDS, 0.0))
         if top is not None and index == 0:  # glue code in the model's own forward
             s = {key: s[key] + (top[key] if key != "output" else 0) for key in _FIELDS}
@@ -290,7 +293,7 @@ def _profile(sequence, recorder, hidden, tp_divisibility) -> ModelProfile:  # ty
             LayerProfile(
                 name=name,
                 kind=_kind(module, index, len(sequence)),
-                params=sum(p.numel() for p in module.parameters()),
+                params=sum(p.numel() for p in own),
                 forward_flops=s["flops"],
                 matmuls=tuple(recorder.matmuls.get(name, ())),
                 matmul_ops=int(s["matmul_ops"]),
