@@ -10,6 +10,7 @@ import functools
 import socket
 import threading
 import time
+from dataclasses import replace
 
 import torch
 
@@ -83,6 +84,7 @@ def measure_loopback_bandwidth(megabytes: int = 32) -> tuple[float, float]:
 def calibrated_cpu_cluster(nodes: int = 1, devices_per_node: int = 2) -> ClusterSpec:
     """This machine as a cluster of ``devices_per_node`` single-thread CPU workers."""
     device, link = _measure()
+    device = replace(device, memory_gib=device.memory_gib / devices_per_node)
     return ClusterSpec("cpu", nodes, devices_per_node, device, link, link)
 
 
