@@ -60,6 +60,11 @@ class LayerProfile:
     saved_elems_replicated: float
     output_elems: float
 
+    @property
+    def backward_flops(self) -> float:
+        """Gradients for inputs and for weights: twice the forward (Narayanan et al. 2021)."""
+        return 2 * self.forward_flops
+
 
 @dataclass(frozen=True)
 class ModelProfile:

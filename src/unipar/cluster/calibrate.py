@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from unipar.cluster.spec import ClusterSpec, DeviceSpec, LinkSpec
+from unipar.cluster.spec import ClusterSpec, DeviceSpec, LinkSpec, Precision
 
 
 def _best_time(fn, repeats: int = 5) -> float:  # type: ignore[no-untyped-def]
@@ -95,12 +95,13 @@ def _measure() -> tuple[DeviceSpec, LinkSpec]:
     device = DeviceSpec(
         name="cpu-thread",
         memory_gib=_memory_gib(),
-        peak_flops=flops,
+        peak_flops_16bit=flops,  # the CPU build has no faster 16-bit path to count on
+        peak_flops_32bit=flops,
         memory_bandwidth=measure_memory_bandwidth(),
         gemm_efficiency=1.0,  # the peak above is itself a measured matmul rate
         kernel_overhead_s=measure_small_op_seconds(),
         reserved_gib=0.5,
-        bytes_per_element=4,  # CPU training runs in float32
+        precision=Precision.FP32,  # CPU training runs in float32
     )
     return device, LinkSpec(bandwidth=bandwidth, latency_s=latency / 2)
 

@@ -7,10 +7,22 @@ the hardware measured by others (cited per preset), not fitted to training runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import Enum
 
 from unipar.errors import ConfigError
 
 GIB = 1024**3
+
+
+class Precision(Enum):
+    """Training precision of weights and activations."""
+
+    BF16 = "bf16"
+    FP32 = "fp32"
+
+    @property
+    def bytes(self) -> int:
+        return 2 if self is Precision.BF16 else 4
 
 
 @dataclass(frozen=True)
@@ -27,12 +39,22 @@ class DeviceSpec:
 
     name: str
     memory_gib: float
-    peak_flops: float  # 16-bit (bf16/fp16) dense, or fp32 for CPUs
+    peak_flops_16bit: float  # dense bf16/fp16 (tensor cores)
+    peak_flops_32bit: float  # dense fp32
     memory_bandwidth: float  # bytes/s
     gemm_efficiency: float
     kernel_overhead_s: float
     reserved_gib: float
-    bytes_per_element: int = 2  # training precision of activations and weights
+    precision: Precision = Precision.BF16
+
+    @property
+    def peak_flops(self) -> float:
+        """Peak of the training precision."""
+        return self.peak_flops_16bit if self.precision is Precision.BF16 else self.peak_flops_32bit
+
+    @property
+    def bytes_per_element(self) -> int:
+        return self.precision.bytes
 
 
 @dataclass(frozen=True)
@@ -81,7 +103,8 @@ class ClusterSpec:
 _A100_80 = DeviceSpec(
     name="A100-SXM4-80GB",
     memory_gib=80,
-    peak_flops=312e12,
+    peak_flops_16bit=312e12,
+    peak_flops_32bit=19.5e12,
     memory_bandwidth=2.039e12,
     gemm_efficiency=0.80,
     kernel_overhead_s=8e-6,
@@ -91,7 +114,8 @@ _A100_40 = replace(_A100_80, name="A100-SXM4-40GB", memory_gib=40, memory_bandwi
 _H100_80 = DeviceSpec(
     name="H100-SXM5-80GB",
     memory_gib=80,
-    peak_flops=989e12,
+    peak_flops_16bit=989e12,
+    peak_flops_32bit=67e12,
     memory_bandwidth=3.35e12,
     gemm_efficiency=0.75,
     kernel_overhead_s=6e-6,
@@ -100,7 +124,8 @@ _H100_80 = DeviceSpec(
 _V100_16 = DeviceSpec(
     name="V100-SXM2-16GB",
     memory_gib=16,
-    peak_flops=125e12,
+    peak_flops_16bit=125e12,
+    peak_flops_32bit=15.7e12,
     memory_bandwidth=0.9e12,
     gemm_efficiency=0.75,
     kernel_overhead_s=10e-6,

@@ -7,7 +7,14 @@ cost model, search) loads on first use of ``plan``, ``search``, ``Constraints`` 
 
 from typing import Any
 
-from unipar.plan.representation import GradSync, Mesh, PipelineSchedule, Plan, Recompute
+from unipar.plan.representation import (
+    GradSync,
+    Mesh,
+    PipelineSchedule,
+    Plan,
+    Recompute,
+    TensorParallelStyle,
+)
 
 _PLANNER = {
     "plan": "unipar.plan.report",
@@ -33,6 +40,7 @@ __all__ = [
     "Plan",
     "PlanReport",
     "Recompute",
+    "TensorParallelStyle",
     "plan",
     "search",
 ]

@@ -18,9 +18,9 @@ def explain(report: PlanReport) -> str:
     e = best.estimate
     cluster = report.cluster
     lines = [
-        f"model: {report.profile.params / 1e9:.2f}B parameters, {len(report.profile.layers)} "
+        f"model: {_count(report.profile.params)} parameters, {len(report.profile.layers)} "
         f"layers; cluster: {cluster.nodes} x {cluster.devices_per_node} {cluster.device.name} "
-        f"({cluster.device.memory_gib:g} GiB); global batch {report.global_batch_size}",
+        f"({cluster.device.memory_gib:.1f} GiB); global batch {report.global_batch_size}",
         f"searched {report.result.evaluated} plans in {report.result.search_time_s:.2f} s "
         f"(analysis {report.analysis_time_s:.2f} s)",
         "",
@@ -33,7 +33,7 @@ def explain(report: PlanReport) -> str:
             for name, value in vars(e.time).items()
             if value > 0
         ),
-        f"  memory/device  {e.memory.total_gib:.1f} GiB of {cluster.device.memory_gib:g}: "
+        f"  memory/device  {e.memory.total_gib:.1f} GiB of {cluster.device.memory_gib:.1f}: "
         + ", ".join(
             f"{name.removesuffix('_gib')} {value:.1f}" for name, value in vars(e.memory).items()
         ),
@@ -53,6 +53,13 @@ def explain(report: PlanReport) -> str:
             for c in rejected
         ]
     return "\n".join(lines)
+
+
+def _count(n: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{n:.0f}"
 
 
 def _versus(best: Candidate, other: Candidate, name: str) -> str:

@@ -27,6 +27,14 @@ class Recompute(Enum):
     FULL = "full"
 
 
+class TensorParallelStyle(Enum):
+    """How one layer splits over the ``tp`` axis."""
+
+    REPLICATE = "replicate"  # whole on every tp rank
+    MEGATRON = "megatron"  # heads and MLP split column- then row-wise (Shoeybi et al. 2019)
+    VOCAB = "vocab"  # embedding or output projection split along the vocabulary
+
+
 class GradSync(Enum):
     ALL_REDUCE = "all_reduce"
     PARAMETER_SERVER = "parameter_server"
@@ -66,6 +74,9 @@ class Plan:
     without a pipeline, pipeline micro-batches with one), so the global batch is
     ``microbatch_size * num_microbatches * mesh.data_replicas``.
     ``stage_boundaries`` are the first layer index of pipeline stages 1..S-1.
+    ``layer_tp`` gives each layer's tensor-parallel style, in layer order (empty: all
+    replicated); ``sequence_parallel`` also splits norms and dropout along the sequence
+    (Korthikanti et al. 2022).
     """
 
     mesh: Mesh = field(default_factory=Mesh)
@@ -77,6 +88,8 @@ class Plan:
     reshard_after_forward: bool = True
     grad_sync: GradSync = GradSync.ALL_REDUCE
     stage_boundaries: tuple[int, ...] = ()
+    layer_tp: tuple[TensorParallelStyle, ...] = ()
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.microbatch_size < 1 or self.num_microbatches < 1:
@@ -141,6 +154,10 @@ class Plan:
                 values[name] = _enum_value(enum, values[name], name)
         if "stage_boundaries" in values:
             values["stage_boundaries"] = tuple(values["stage_boundaries"])
+        if "layer_tp" in values:
+            values["layer_tp"] = tuple(
+                _enum_value(TensorParallelStyle, v, "layer_tp") for v in values["layer_tp"]
+            )
         return cls(**values)
 
     @classmethod

@@ -14,11 +14,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from unipar.analysis.profile import ModelProfile
+from unipar.analysis.profile import LayerKind, ModelProfile
 from unipar.cluster.spec import ClusterSpec
 from unipar.errors import ConfigError
 from unipar.plan.cost import CostModel, Estimate, layer_time
-from unipar.plan.representation import Mesh, PipelineSchedule, Plan, Recompute
+from unipar.plan.representation import Mesh, PipelineSchedule, Plan, Recompute, TensorParallelStyle
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,22 @@ def balanced_partition(weights: Sequence[float], parts: int) -> list[list[int]]:
         end = start
     bounds = [0, *reversed(cuts), n]
     return [list(range(bounds[k], bounds[k + 1])) for k in range(parts)]
+
+
+def tensor_parallel_styles(profile: ModelProfile) -> tuple[TensorParallelStyle, ...]:
+    """Megatron-style splits: blocks by heads and MLP width, the largest embedding and
+    the output projection by vocabulary, the rest replicated."""
+    embeddings = [x for x in profile.layers if x.kind is LayerKind.EMBEDDING]
+    token_embedding = max(embeddings, key=lambda x: x.params, default=None)
+    styles = []
+    for layer in profile.layers:
+        if layer.kind is LayerKind.BLOCK:
+            styles.append(TensorParallelStyle.MEGATRON)
+        elif layer is token_embedding or layer.kind is LayerKind.HEAD:
+            styles.append(TensorParallelStyle.VOCAB)
+        else:
+            styles.append(TensorParallelStyle.REPLICATE)
+    return tuple(styles)
 
 
 def _divisors(n: int) -> list[int]:
@@ -141,6 +157,7 @@ def search(
     constraints = constraints or Constraints()
     check_constraints(profile, cluster, global_batch_size, constraints)
     model = CostModel(profile, cluster)
+    styles = tensor_parallel_styles(profile)
     partitions: dict[tuple, list[list[int]]] = {}
     fitting: list[Candidate] = []
     over: list[Candidate] = []
@@ -170,7 +187,11 @@ def search(
                         weights = [sum(layer_time(x, unit, cluster)) for x in profile.layers]
                         partitions[key] = balanced_partition(weights, chunks)
                     stages = partitions[key]
-                    plan = replace(plan, stage_boundaries=tuple(s[0] for s in stages[1:]))
+                    plan = replace(
+                        plan,
+                        stage_boundaries=tuple(s[0] for s in stages[1:]),
+                        layer_tp=styles if mesh.tp > 1 else (),
+                    )
                     result = model.estimate(plan, stages)
                     evaluated += 1
                     (fitting if result.fits else over).append(Candidate(plan, result))
