@@ -1,38 +1,42 @@
-"""unipar: simple and automatic distributed machine learning on Ray."""
+"""unipar: simple and automatic distributed machine learning on Ray.
 
-from unipar.errors import (
-    CheckpointError,
-    ConfigError,
-    ResourceError,
-    TrainingFailedError,
-    UniparError,
-    UnsupportedPlanError,
-    UserCodeError,
-)
-from unipar.job import Job, LRSchedule, OptimizerKind, OptimizerSpec, ScheduleKind
-from unipar.plan import Mesh, Plan
-from unipar.runtime import Callback, FitResult, StepMetrics, fit, load_model_state
+Names load on first use, so ``import unipar.xgboost`` does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Callback",
-    "CheckpointError",
-    "ConfigError",
-    "FitResult",
-    "Job",
-    "LRSchedule",
-    "Mesh",
-    "OptimizerKind",
-    "OptimizerSpec",
-    "Plan",
-    "ResourceError",
-    "ScheduleKind",
-    "StepMetrics",
-    "TrainingFailedError",
-    "UniparError",
-    "UnsupportedPlanError",
-    "UserCodeError",
-    "fit",
-    "load_model_state",
-]
+_EXPORTS = {
+    "CheckpointError": "unipar.errors",
+    "ConfigError": "unipar.errors",
+    "ResourceError": "unipar.errors",
+    "TrainingFailedError": "unipar.errors",
+    "UniparError": "unipar.errors",
+    "UnsupportedPlanError": "unipar.errors",
+    "UserCodeError": "unipar.errors",
+    "Job": "unipar.job",
+    "LRSchedule": "unipar.job",
+    "OptimizerKind": "unipar.job",
+    "OptimizerSpec": "unipar.job",
+    "ScheduleKind": "unipar.job",
+    "Mesh": "unipar.plan",
+    "Plan": "unipar.plan",
+    "Callback": "unipar.runtime",
+    "FitResult": "unipar.runtime",
+    "StepMetrics": "unipar.runtime",
+    "fit": "unipar.runtime",
+    "load_model_state": "unipar.runtime",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'unipar' has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

@@ -50,7 +50,7 @@ def load_job(target: str) -> Job:
 def _train(args: argparse.Namespace) -> int:
     import ray
 
-    from unipar.runtime.ray_session import start_ray
+    from unipar.ray_session import start_ray
 
     check_target(args.target)
     # Ray's start is partly waiting on its own processes: load the job (importing torch)

@@ -10,12 +10,12 @@ from pathlib import Path
 from unipar.errors import CheckpointError, ConfigError
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.ray_session import ray_session
 from unipar.runtime.checkpoint import ensure_writable, list_checkpoints, resolve_resume_path
 from unipar.runtime.config import RunConfig, default_run_dir
 from unipar.runtime.controller import Callback, Controller
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.progress import format_summary
-from unipar.runtime.ray_session import ray_session
 from unipar.runtime.worker_group import check_cluster_resources
 
 

@@ -1,0 +1,164 @@
+"""The Ray actor that holds one shard of the data and trains in xgboost's collective.
+
+Its data stays loaded across restarts: when a peer dies, this actor's training call
+fails with a collective error and returns, and the next attempt reuses the loaded data.
+The DMatrix itself is rebuilt for every attempt: it caches quantile cuts agreed with the
+old set of peers, and reusing them makes the new collective exchange mismatched messages.
+Every ``checkpoint_frequency`` rounds it keeps the model in memory, which the driver
+fetches after a failure (all live actors hold the same model)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+import xgboost as xgb
+
+from unipar.xgboost.matrix import RayDMatrix, RayFileType, Shard
+
+
+class _Checkpoint(xgb.callback.TrainingCallback):
+    def __init__(self, actor: XGBoostActor, every: int, offset: int) -> None:
+        self.actor, self.every, self.offset = actor, every, offset
+
+    def after_iteration(self, model: xgb.Booster, epoch: int, evals_log: Any) -> bool:
+        done = self.offset + epoch + 1
+        if done % self.every == 0:
+            self.actor.keep_checkpoint(done, model)
+        return self.actor.stop_requested.is_set()
+
+
+class XGBoostActor:
+    def __init__(self, callbacks: list[Any] | None = None) -> None:
+        self.loaded: dict[str, tuple[RayDMatrix, dict[str, Any]]] = {}
+        self.callbacks = list(callbacks or [])
+        self._lock = threading.Lock()
+        self._checkpoint: tuple[int, bytes] | None = None
+        self.stop_requested = threading.Event()
+        for callback in self.callbacks:
+            callback.on_init(self)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def load(self, name: str, matrix: RayDMatrix, shard: Shard) -> int:
+        """Read this actor's shard of ``matrix`` once; return its rows."""
+        if name not in self.loaded:
+            for callback in self.callbacks:
+                callback.before_data_loading(self, matrix)
+            self.loaded[name] = (matrix, read_shard(matrix, shard))
+            for callback in self.callbacks:
+                callback.after_data_loading(self, matrix)
+        return len(self.loaded[name][1]["data"])
+
+    def keep_checkpoint(self, rounds: int, model: xgb.Booster) -> None:
+        raw = bytes(model.save_raw("ubj"))
+        with self._lock:
+            self._checkpoint = (rounds, raw)
+
+    def checkpoint(self) -> tuple[int, bytes] | None:
+        with self._lock:
+            return self._checkpoint
+
+    def request_stop(self) -> None:
+        self.stop_requested.set()
+
+    def train(
+        self,
+        tracker_args: dict[str, Any],
+        params: dict[str, Any],
+        rounds: int,
+        *,
+        evals: list[str],
+        start: tuple[int, bytes] | None,
+        checkpoint_frequency: int,
+        callbacks: list[Any] | None,
+        kwargs: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Train ``rounds`` more rounds with the other actors. Returns the collective
+        rank, the model (rank 0 only), the rounds done and the evaluation log; or, if the
+        collective broke (a peer died), ``{"error": ...}``."""
+        from xgboost import collective
+
+        self.stop_requested.clear()
+        done_before, model = (start[0], bytearray(start[1])) if start else (0, None)
+        result: dict[str, Any] = {}
+        log: dict[str, Any] = {}
+        for callback in self.callbacks:
+            callback.before_train(self)
+        matrices = {name: to_dmatrix(*self.loaded[name]) for name in ["train", *evals]}
+        try:
+            with collective.CommunicatorContext(**tracker_args):
+                rank = collective.get_rank()
+                booster = xgb.train(
+                    params,
+                    matrices["train"],
+                    num_boost_round=rounds,
+                    evals=[(matrices[name], name) for name in evals],
+                    evals_result=log,
+                    xgb_model=xgb.Booster(model_file=model) if model is not None else None,
+                    callbacks=[
+                        *(callbacks or []),
+                        _Checkpoint(self, checkpoint_frequency, done_before),
+                    ],
+                    verbose_eval=False,
+                    **kwargs,
+                )
+        except xgb.core.XGBoostError as error:
+            return {"error": f"{type(error).__name__}: {str(error)[:500]}"}
+        for callback in self.callbacks:
+            callback.after_train(self, result)
+        result.update(
+            rank=rank,
+            rounds=booster.num_boosted_rounds(),
+            model=bytes(booster.save_raw("ubj")) if rank == 0 else None,
+            evals_result=log,
+        )
+        return result
+
+    def predict(
+        self, matrix: RayDMatrix, shard: Shard, model: bytes, kwargs: dict[str, Any]
+    ) -> np.ndarray:
+        booster = xgb.Booster(model_file=bytearray(model))
+        for callback in self.callbacks:
+            callback.before_predict(self)
+        prediction = booster.predict(to_dmatrix(matrix, read_shard(matrix, shard)), **kwargs)
+        for callback in self.callbacks:
+            callback.after_predict(self, prediction)
+        return prediction
+
+
+def read_shard(matrix: RayDMatrix, shard: Shard) -> dict[str, Any]:
+    """The shard's rows: ``{"data": ..., "label": ..., ...}``."""
+    import ray
+
+    if shard.pieces is not None:
+        return dict(ray.get(shard.pieces))
+    import pandas as pd
+
+    if shard.dataset is not None:
+        frame = shard.dataset.to_pandas()
+    elif matrix.filetype is RayFileType.PARQUET:
+        frame = pd.concat([pd.read_parquet(path) for path in shard.files], ignore_index=True)
+    else:
+        frame = pd.concat([pd.read_csv(path) for path in shard.files], ignore_index=True)
+    frame = frame.drop(columns=[c for c in matrix.ignore if c in frame.columns])
+    named = {k: v for k, v in matrix.fields.items() if isinstance(v, str)}
+    values = {k: frame[v].to_numpy() for k, v in named.items()}
+    return {"data": frame.drop(columns=list(named.values())), **values}
+
+
+def to_dmatrix(matrix: RayDMatrix, parts: dict[str, Any]) -> xgb.DMatrix:
+    parts = dict(parts)
+    data = parts.pop("data")
+    kind = xgb.QuantileDMatrix if getattr(matrix, "quantile", False) else xgb.DMatrix
+    options: dict[str, Any] = {
+        "feature_names": matrix.feature_names,
+        "feature_types": matrix.feature_types,
+        "enable_categorical": bool(matrix.enable_categorical),
+    }
+    if matrix.missing is not None:
+        options["missing"] = matrix.missing
+    return kind(data, **parts, **options)
