@@ -13,6 +13,13 @@ from unipar.xgboost.matrix import (
     combine_data,
 )
 from unipar.xgboost.params import RayParams
+from unipar.xgboost.sklearn import (
+    RayXGBClassifier,
+    RayXGBRanker,
+    RayXGBRegressor,
+    RayXGBRFClassifier,
+    RayXGBRFRegressor,
+)
 
 __all__ = [
     "DistributedCallback",
@@ -21,6 +28,11 @@ __all__ = [
     "RayFileType",
     "RayParams",
     "RayShardingMode",
+    "RayXGBClassifier",
+    "RayXGBRFClassifier",
+    "RayXGBRFRegressor",
+    "RayXGBRanker",
+    "RayXGBRegressor",
     "RayXGBoostTrainingError",
     "combine_data",
     "predict",

@@ -5,6 +5,7 @@ only their own."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -203,8 +204,12 @@ class RayDMatrix:
         rows = len(self.data["data"])
         if rows < n:
             raise ConfigError(f"{rows} rows cannot be split over {n} actors; use fewer actors")
+        if "qid" in self.data:
+            groups = _split_at_queries(np.asarray(self.data["qid"]), n)
+        else:
+            groups = _split(list(range(rows)), n, self.sharding)
         shards = []
-        for indices in _split(list(range(rows)), n, self.sharding):
+        for indices in groups:
             index = np.asarray(indices)
             piece = {key: _take(value, index) for key, value in self.data.items()}
             shards.append(Shard(pieces=ray.put(piece), indices=ray.put(index)))
@@ -233,6 +238,20 @@ def _split(items: list[int], n: int, mode: RayShardingMode) -> list[list[int]]:
     if mode is RayShardingMode.INTERLEAVED:
         return [items[i::n] for i in range(n)]
     return [list(part) for part in np.array_split(np.asarray(items), n)]
+
+
+def _split_at_queries(qid: np.ndarray, n: int) -> list[list[int]]:
+    """Contiguous shards cut only where the query id changes, so that every query's rows
+    stay on one actor (ranking objectives compare rows within a query)."""
+    if np.any(np.diff(qid) < 0):
+        raise ConfigError("rows must be sorted by qid for distributed ranking; sort them first")
+    starts = np.flatnonzero(np.diff(qid)) + 1  # where a new query begins
+    if len(starts) + 1 < n:
+        raise ConfigError(f"{len(starts) + 1} queries cannot be split over {n} actors")
+    ideal = [round(len(qid) * k / n) for k in range(1, n)]
+    cuts = sorted({int(starts[np.abs(starts - point).argmin()]) for point in ideal})
+    bounds = [0, *cuts, len(qid)]
+    return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
 
 
 def _filetype(path: str) -> RayFileType:
