@@ -23,7 +23,10 @@ test: setup
 	$(BIN)/python -m pytest -q tests
 
 bench: setup
+	$(BIN)/pip install --quiet -e ".[dev,bench]"
 	$(BIN)/python benchmarks/ddp_vs_torchrun.py
+	$(BIN)/python benchmarks/xgboost_vs_peers.py
+	$(BIN)/python benchmarks/plan_speed.py
 
 clean:
 	rm -rf $(VENV) unipar_runs

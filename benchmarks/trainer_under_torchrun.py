@@ -26,8 +26,12 @@ def main(steps: int, out: str) -> None:
     job = dataclasses.replace(workload_job(), steps=steps)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(
-            job, Plan.data_parallel(world, job.global_batch_size), rank=rank, world_size=world,
-            device=torch.device("cpu"), checkpoints=CheckpointPolicy(Path(tmp), 10**9, 1),
+            job,
+            Plan.data_parallel(world, job.global_batch_size),
+            rank=rank,
+            world_size=world,
+            device=torch.device("cpu"),
+            checkpoints=CheckpointPolicy(Path(tmp), 10**9, 1),
         )
         trainer.setup(None)
         ends = []

@@ -24,6 +24,13 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
         ray.shutdown()
 
 
+def ensure_ray(address: str | None = None) -> None:
+    """Start (or join) Ray for this process if it is not running; it stays up until the
+    process exits, so consecutive calls (train, then predict) share it."""
+    if not ray.is_initialized():
+        start_ray(address)
+
+
 def start_ray(address: str | None, *, num_cpus: int | None = None) -> None:
     """Connect to ``address``, or start a local Ray without its dashboard."""
     options: dict = {"include_dashboard": False, "logging_level": logging.WARNING}

@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from xgboost.tracker import RabitTracker
 
 from unipar.errors import ConfigError, ResourceError, TrainingFailedError
-from unipar.ray_session import ray_session
+from unipar.ray_session import ensure_ray
 from unipar.xgboost.actor import XGBoostActor
 from unipar.xgboost.matrix import RayDMatrix
 from unipar.xgboost.params import RayParams
@@ -145,10 +145,10 @@ def train(
         if not isinstance(matrix, RayDMatrix):
             raise ConfigError(f"evals entry {name!r} must be a RayDMatrix")
     started = time.perf_counter()
-    with ray_session(None):
-        rp = _resolve(ray_params)
-        params = {"nthread": int(rp.cpus_per_actor), **params}
-        outcome = _train(params, dtrain, num_boost_round, evals, rp, xgb_model, callbacks, kwargs)
+    ensure_ray()
+    rp = _resolve(ray_params)
+    params = {"nthread": int(rp.cpus_per_actor), **params}
+    outcome = _train(params, dtrain, num_boost_round, evals, rp, xgb_model, callbacks, kwargs)
     booster = xgb.Booster(model_file=bytearray(outcome["model"]))
     if evals_result is not None:
         evals_result.clear()
@@ -335,27 +335,24 @@ def predict(
             + ("" if missing or extra else " (order differs)")
             + "; pass the columns the model was trained on, in the same order"
         )
-    with ray_session(None):
-        rp = _resolve(ray_params)
-        gang = _start_gang(rp)
-        try:
-            raw = bytes(model.save_raw("ubj"))
-            shards = data.shards(rp.num_actors)
-            parts = ray.get(
-                [
-                    actor.predict.remote(data, shards[i], raw, kwargs)
-                    for i, actor in gang.actors.items()
-                ]
-            )
-            if shards[0].indices is not None:
-                indices = ray.get([s.indices for s in shards])
-                total = sum(len(i) for i in indices)
-                out = np.empty((total, *parts[0].shape[1:]), dtype=parts[0].dtype)
-                for index, part in zip(indices, parts, strict=True):
-                    out[index] = part
-                return out
-            return np.concatenate(parts)
-        finally:
-            for actor in gang.actors.values():
-                ray.kill(actor, no_restart=True)
-            remove_placement_group(gang.placement)
+    ensure_ray()
+    rp = _resolve(ray_params)
+    gang = _start_gang(rp)
+    try:
+        raw = bytes(model.save_raw("ubj"))
+        shards = data.shards(rp.num_actors)
+        parts = ray.get(
+            [actor.predict.remote(data, shards[i], raw, kwargs) for i, actor in gang.actors.items()]
+        )
+        if shards[0].indices is not None:
+            indices = ray.get([s.indices for s in shards])
+            total = sum(len(i) for i in indices)
+            out = np.empty((total, *parts[0].shape[1:]), dtype=parts[0].dtype)
+            for index, part in zip(indices, parts, strict=True):
+                out[index] = part
+            return out
+        return np.concatenate(parts)
+    finally:
+        for actor in gang.actors.values():
+            ray.kill(actor, no_restart=True)
+        remove_placement_group(gang.placement)

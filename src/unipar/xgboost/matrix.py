@@ -177,6 +177,16 @@ class RayDMatrix:
                 ) from error
             self._check_columns(columns)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What actors need: how to read and build a shard, not the data itself (the
+        shards travel through the object store, once)."""
+        state = dict(self.__dict__)
+        state["data"] = None
+        state["_shards"] = {}
+        state["dataset"] = None
+        state["fields"] = {k: (v if isinstance(v, str) else None) for k, v in self.fields.items()}
+        return state
+
     @property
     def has_label(self) -> bool:
         return self.fields["label"] is not None
