@@ -5,8 +5,7 @@ Names load on first use, so ``import unipar.xgboost`` does not import torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from unipar.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -33,10 +32,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'unipar' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = sorted(_EXPORTS)

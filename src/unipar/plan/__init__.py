@@ -5,8 +5,7 @@ cost model, search) loads on first use of ``plan``, ``search``, ``Constraints`` 
 ``PlanReport``.
 """
 
-from typing import Any
-
+from unipar.lazy import lazy_exports
 from unipar.plan.representation import (
     GradSync,
     Mesh,
@@ -24,12 +23,7 @@ _PLANNER = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _PLANNER:
-        import importlib
-
-        return getattr(importlib.import_module(_PLANNER[name]), name)
-    raise AttributeError(f"module 'unipar.plan' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _PLANNER)
 
 
 __all__ = [

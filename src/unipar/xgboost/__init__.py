@@ -7,8 +7,7 @@ Names load on first use, so a training actor imports only the modules it runs.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from unipar.lazy import lazy_exports
 
 _EXPORTS = {
     "DistributedCallback": "unipar.xgboost.callbacks",
@@ -29,14 +28,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'unipar.xgboost' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = sorted(_EXPORTS)

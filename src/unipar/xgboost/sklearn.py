@@ -21,6 +21,35 @@ from unipar.xgboost.params import RayParams
 class _RayFit:
     """Shared by every estimator: build RayDMatrix objects, train on actors."""
 
+    def _fit_params(self, y: Any) -> dict[str, Any]:
+        """The booster parameters for labels ``y`` (the classifier adds its objective)."""
+        return self.get_xgb_params()
+
+    def fit(
+        self,
+        X: Any,
+        y: Any,
+        *,
+        sample_weight: Any = None,
+        base_margin: Any = None,
+        eval_set: Any = None,
+        sample_weight_eval_set: Any = None,
+        xgb_model: Any = None,
+        ray_params: Any = None,
+        **_: Any,
+    ) -> Any:
+        return self._ray_fit(
+            X,
+            y,
+            self._fit_params(y),
+            sample_weight=sample_weight,
+            base_margin=base_margin,
+            eval_set=eval_set,
+            sample_weight_eval_set=sample_weight_eval_set,
+            xgb_model=xgb_model,
+            ray_params=ray_params,
+        )
+
     def _ray_params(self, ray_params: RayParams | dict[str, Any] | None) -> RayParams:
         if ray_params is not None:
             return RayParams(**ray_params) if isinstance(ray_params, dict) else ray_params
@@ -76,31 +105,6 @@ class _RayFit:
 
 
 class RayXGBRegressor(_RayFit, xgb.XGBRegressor):
-    def fit(
-        self,
-        X: Any,
-        y: Any,
-        *,
-        sample_weight: Any = None,
-        base_margin: Any = None,
-        eval_set: Any = None,
-        sample_weight_eval_set: Any = None,
-        xgb_model: Any = None,
-        ray_params: Any = None,
-        **_: Any,
-    ) -> RayXGBRegressor:
-        return self._ray_fit(
-            X,
-            y,
-            self.get_xgb_params(),
-            sample_weight=sample_weight,
-            base_margin=base_margin,
-            eval_set=eval_set,
-            sample_weight_eval_set=sample_weight_eval_set,
-            xgb_model=xgb_model,
-            ray_params=ray_params,
-        )
-
     def predict(self, X: Any, *args: Any, ray_params: Any = None, **kwargs: Any) -> np.ndarray:
         if ray_params is None:
             return super().predict(X, *args, **kwargs)
@@ -108,19 +112,7 @@ class RayXGBRegressor(_RayFit, xgb.XGBRegressor):
 
 
 class RayXGBClassifier(_RayFit, xgb.XGBClassifier):
-    def fit(
-        self,
-        X: Any,
-        y: Any,
-        *,
-        sample_weight: Any = None,
-        base_margin: Any = None,
-        eval_set: Any = None,
-        sample_weight_eval_set: Any = None,
-        xgb_model: Any = None,
-        ray_params: Any = None,
-        **_: Any,
-    ) -> RayXGBClassifier:
+    def _fit_params(self, y: Any) -> dict[str, Any]:
         classes = np.unique(np.asarray(y))
         if not np.array_equal(classes, np.arange(len(classes))):
             raise ValueError(
@@ -134,19 +126,8 @@ class RayXGBClassifier(_RayFit, xgb.XGBClassifier):
             if params.get("objective") != "multi:softmax":
                 params["objective"] = "multi:softprob"
             params["num_class"] = self.n_classes_
-        self._ray_fit(
-            X,
-            y,
-            params,
-            sample_weight=sample_weight,
-            base_margin=base_margin,
-            eval_set=eval_set,
-            sample_weight_eval_set=sample_weight_eval_set,
-            xgb_model=xgb_model,
-            ray_params=ray_params,
-        )
         self.objective = params["objective"]
-        return self
+        return params
 
     def predict_proba(
         self, X: Any, *args: Any, ray_params: Any = None, **kwargs: Any
