@@ -176,3 +176,20 @@ def test_feature_names_at_predict_differ(ray_cluster, cancer):
     renamed = pd.DataFrame(x, columns=[*names[:-1], "other"])
     with pytest.raises(ConfigError, match=r"missing \['f29'\], unexpected \['other'\]"):
         predict(booster, RayDMatrix(renamed), ray_params=RayParams(num_actors=2))
+
+
+def test_ray_dataset_blocks_are_split_over_actors(ray_cluster, cancer):
+    import pandas as pd
+    import ray.data
+
+    x, y = cancer
+    frame = pd.DataFrame(x, columns=[f"f{i}" for i in range(x.shape[1])]).assign(target=y)
+    data = RayDMatrix(ray.data.from_pandas(frame), label="target")
+    extra = {}
+    booster = train(PARAMS, data, 10, ray_params=RayParams(num_actors=2), additional_results=extra)
+    assert booster.num_boosted_rounds() == 10
+    assert extra["total_n"] == len(frame)
+    single = xgb.train(PARAMS, xgb.DMatrix(frame.drop(columns="target"), frame["target"]), 10)
+    ours = booster.predict(xgb.DMatrix(frame.drop(columns="target")))
+    assert abs(log_loss(y, ours) - log_loss(y, single.predict(
+        xgb.DMatrix(frame.drop(columns="target"))))) <= 0.01

@@ -210,7 +210,10 @@ class RayDMatrix:
             groups = _split(list(range(len(self.files))), n, self.sharding)
             return [Shard(files=tuple(self.files[i] for i in group)) for group in groups]
         if self.dataset is not None:
-            return [Shard(dataset=part) for part in self.dataset.split(n, equal=True)]
+            # One block per actor, then split by blocks: every row trains (split's
+            # equal=True would drop rows to even out the parts).
+            parts = self.dataset.repartition(n).split(n, equal=False)
+            return [Shard(dataset=part) for part in parts]
         rows = len(self.data["data"])
         if rows < n:
             raise ConfigError(f"{rows} rows cannot be split over {n} actors; use fewer actors")
