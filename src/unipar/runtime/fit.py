@@ -75,7 +75,7 @@ def fit(
     starts an embedded local cluster. Every input is checked before anything is
     started or written: a bad one raises :class:`~unipar.errors.UniparError`.
     """
-    run_dir = Path(run_dir) if run_dir else default_run_dir(job.name)
+    run_dir = (Path(run_dir) if run_dir else default_run_dir(job.name)).resolve()
     config = RunConfig(
         workers=workers,
         cpus_per_worker=cpus_per_worker,
