@@ -191,5 +191,10 @@ def test_ray_dataset_blocks_are_split_over_actors(ray_cluster, cancer):
     assert extra["total_n"] == len(frame)
     single = xgb.train(PARAMS, xgb.DMatrix(frame.drop(columns="target"), frame["target"]), 10)
     ours = booster.predict(xgb.DMatrix(frame.drop(columns="target")))
-    assert abs(log_loss(y, ours) - log_loss(y, single.predict(
-        xgb.DMatrix(frame.drop(columns="target"))))) <= 0.01
+    assert (
+        abs(
+            log_loss(y, ours)
+            - log_loss(y, single.predict(xgb.DMatrix(frame.drop(columns="target"))))
+        )
+        <= 0.01
+    )

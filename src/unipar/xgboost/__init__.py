@@ -25,6 +25,8 @@ _EXPORTS = {
     "RayXGBRFRegressor": "unipar.xgboost.sklearn",
     "RayXGBRanker": "unipar.xgboost.sklearn",
     "RayXGBRegressor": "unipar.xgboost.sklearn",
+    "TuneReportCallback": "unipar.xgboost.tune",
+    "TuneReportCheckpointCallback": "unipar.xgboost.tune",
 }
 
 

@@ -20,13 +20,27 @@ from unipar.xgboost.matrix import RayDMatrix, RayFileType, Shard
 
 
 class _Checkpoint(xgb.callback.TrainingCallback):
-    def __init__(self, actor: XGBoostActor, every: int, offset: int) -> None:
+    """Keeps a checkpoint every ``every`` rounds; with ``report``, also records each
+    round's (global) metrics, and the model every ``report_models`` rounds."""
+
+    def __init__(
+        self, actor: XGBoostActor, every: int, offset: int, report: bool, report_models: int
+    ) -> None:
         self.actor, self.every, self.offset = actor, every, offset
+        self.report, self.report_models = report, report_models
 
     def after_iteration(self, model: xgb.Booster, epoch: int, evals_log: Any) -> bool:
         done = self.offset + epoch + 1
         if done % self.every == 0:
             self.actor.keep_checkpoint(done, model)
+        if self.report:
+            values = {
+                f"{data}-{metric}": float(history[-1])
+                for data, metrics in evals_log.items()
+                for metric, history in metrics.items()
+            }
+            attach = self.report_models and done % self.report_models == 0
+            self.actor.record_round(done, values, bytes(model.save_raw("ubj")) if attach else None)
         return self.actor.stop_requested.is_set()
 
 
@@ -36,6 +50,7 @@ class XGBoostActor:
         self.callbacks = list(callbacks or [])
         self._lock = threading.Lock()
         self._checkpoint: tuple[int, bytes] | None = None
+        self._rounds: list[tuple[int, dict[str, float], bytes | None]] = []
         self.stop_requested = threading.Event()
         for callback in self.callbacks:
             callback.on_init(self)
@@ -58,6 +73,15 @@ class XGBoostActor:
         with self._lock:
             self._checkpoint = (rounds, raw)
 
+    def record_round(self, rounds: int, values: dict[str, float], model: bytes | None) -> None:
+        with self._lock:
+            self._rounds.append((rounds, values, model))
+
+    def drain_rounds(self) -> list[tuple[int, dict[str, float], bytes | None]]:
+        with self._lock:
+            rounds, self._rounds = self._rounds, []
+        return rounds
+
     def checkpoint(self) -> tuple[int, bytes] | None:
         with self._lock:
             return self._checkpoint
@@ -76,6 +100,8 @@ class XGBoostActor:
         checkpoint_frequency: int,
         callbacks: list[Any] | None,
         kwargs: dict[str, Any],
+        report: bool = False,
+        report_models: int = 0,
     ) -> dict[str, Any]:
         """Train ``rounds`` more rounds with the other actors. Returns the collective
         rank, the model (rank 0 only), the rounds done and the evaluation log; or, if the
@@ -101,7 +127,7 @@ class XGBoostActor:
                     xgb_model=xgb.Booster(model_file=model) if model is not None else None,
                     callbacks=[
                         *(callbacks or []),
-                        _Checkpoint(self, checkpoint_frequency, done_before),
+                        _Checkpoint(self, checkpoint_frequency, done_before, report, report_models),
                     ],
                     verbose_eval=False,
                     **kwargs,

@@ -144,11 +144,17 @@ def train(
     for matrix, name in evals:
         if not isinstance(matrix, RayDMatrix):
             raise ConfigError(f"evals entry {name!r} must be a RayDMatrix")
+    from unipar.xgboost.tune import TuneReportCallback
+
+    reporters = [c for c in callbacks or [] if isinstance(c, TuneReportCallback)]
+    callbacks = [c for c in callbacks or [] if not isinstance(c, TuneReportCallback)]
     started = time.perf_counter()
     ensure_ray()
     rp = _resolve(ray_params)
     params = {"nthread": int(rp.cpus_per_actor), **params}
-    outcome = _train(params, dtrain, num_boost_round, evals, rp, xgb_model, callbacks, kwargs)
+    outcome = _train(
+        params, dtrain, num_boost_round, evals, rp, xgb_model, callbacks, kwargs, reporters
+    )
     booster = xgb.Booster(model_file=bytearray(outcome["model"]))
     if evals_result is not None:
         evals_result.clear()
@@ -164,7 +170,9 @@ def train(
     return booster
 
 
-def _train(params, dtrain, rounds, evals, rp, xgb_model, callbacks, kwargs) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def _train(
+    params, dtrain, rounds, evals, rp, xgb_model, callbacks, kwargs, reporters
+) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     n = rp.num_actors
     shards = dtrain.shards(n)
     eval_shards = [(m, name, m.shards(n)) for m, name in evals]
@@ -183,6 +191,7 @@ def _train(params, dtrain, rounds, evals, rp, xgb_model, callbacks, kwargs) -> d
             start = (xgb_model.num_boosted_rounds(), bytes(xgb_model.save_raw("ubj")))
         base_rounds = start[0] if start else 0
         target = base_rounds + rounds
+        relay = _TuneRelay(reporters, target) if reporters else None
         history: dict[str, Any] = {}
         failures = restarts = lost = 0
         while True:
@@ -200,10 +209,12 @@ def _train(params, dtrain, rounds, evals, rp, xgb_model, callbacks, kwargs) -> d
                     checkpoint_frequency=rp.checkpoint_frequency,
                     callbacks=callbacks,
                     kwargs=kwargs,
+                    report=relay is not None,
+                    report_models=max((r.checkpoint_every for r in reporters), default=0),
                 )
                 for i, actor in live.items()
             }
-            results, dead = _wait(refs, gang)
+            results, dead = _wait(refs, gang, relay)
             try:
                 tracker.free()
             except xgb.core.XGBoostError:
@@ -211,6 +222,11 @@ def _train(params, dtrain, rounds, evals, rp, xgb_model, callbacks, kwargs) -> d
                     raise
             if not dead and all("error" not in r for r in results.values()):
                 final = next(r for r in results.values() if r["model"] is not None)
+                if relay is not None and final["rounds"] == target:
+                    first = gang.actors[next(iter(refs))]
+                    relay.finish(first, final["rounds"], final["evals_result"], final["model"])
+                elif relay is not None:
+                    relay.poll(gang.actors[next(iter(refs))])
                 if final["rounds"] < target:  # stopped early to take replacements back
                     start = (final["rounds"], final["model"])
                     _merge(history, final["evals_result"], done_rounds - base_rounds)
@@ -261,9 +277,44 @@ def _train(params, dtrain, rounds, evals, rp, xgb_model, callbacks, kwargs) -> d
         remove_placement_group(gang.placement)
 
 
-def _wait(refs: dict[int, Any], gang: _Gang) -> tuple[dict[int, Any], list[int]]:
+@dataclass
+class _TuneRelay:
+    """Passes finished rounds from the actors to Ray Tune, each round once; the last
+    round waits for the final model."""
+
+    reporters: list[Any]
+    target: int
+    reported: int = 0
+
+    def pass_on(self, rounds: list[tuple[int, dict[str, float], Any]]) -> None:
+        for done, values, model in rounds:
+            if self.reported < done < self.target:
+                for reporter in self.reporters:
+                    reporter.report(done, values, model)
+                self.reported = done
+
+    def poll(self, actor: Any) -> None:
+        try:
+            self.pass_on(ray.get(actor.drain_rounds.remote(), timeout=10))
+        except Exception:  # that actor died: its failure is handled by the caller
+            return
+
+    def finish(self, actor: Any, rounds: int, evals_result: dict[str, Any], model: bytes) -> None:
+        self.poll(actor)
+        values = {f"{d}-{m}": v[-1] for d, ms in evals_result.items() for m, v in ms.items()}
+        wants_model = any(r.checkpoint_every for r in self.reporters)
+        for reporter in self.reporters:
+            reporter.report(rounds, values, model if wants_model else None)
+        self.reported = rounds
+
+
+def _wait(
+    refs: dict[int, Any], gang: _Gang, relay: _TuneRelay | None = None
+) -> tuple[dict[int, Any], list[int]]:
     """Results by shard, and the shards whose actor died. While training runs, takes
-    back replacements whose data finished loading (elastic training)."""
+    back replacements whose data finished loading (elastic training), and passes each
+    finished round to the Tune reporters (all actors log the same global metrics, so
+    one actor's log is drained)."""
     results: dict[int, Any] = {}
     dead: list[int] = []
     index_of = {ref: i for i, ref in refs.items()}
@@ -278,6 +329,8 @@ def _wait(refs: dict[int, Any], gang: _Gang) -> tuple[dict[int, Any], list[int]]
                     raise
                 dead.append(index_of[ref])
         _admit_loaded(gang)
+        if relay is not None and pending:
+            relay.poll(gang.actors[next(iter(refs))])
     return results, dead
 
 
