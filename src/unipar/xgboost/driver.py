@@ -174,18 +174,20 @@ def _train(
     params, dtrain, rounds, evals, rp, xgb_model, callbacks, kwargs, reporters
 ) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     n = rp.num_actors
-    shards = dtrain.shards(n)
-    eval_shards = [(m, name, m.shards(n)) for m, name in evals]
     gang = _start_gang(rp)
-
-    def load_refs(index: int, actor: Any) -> list[Any]:
-        refs = [actor.load.remote("train", dtrain, shards[index])]
-        refs += [actor.load.remote(name, m, s[index]) for m, name, s in eval_shards]
-        return refs
-
     try:
-        rows = sum(ray.get([load_refs(i, a)[0] for i, a in gang.actors.items()]))
-        ray.get([r for i, a in gang.actors.items() for r in load_refs(i, a)[1:]])
+        by_shard = [gang.actors[i] for i in range(n)]
+        shards = dtrain.shards(n, by_shard)
+        eval_shards = [(m, name, m.shards(n, by_shard)) for m, name in evals]
+
+        def load_refs(index: int, actor: Any) -> list[Any]:
+            refs = [actor.load.remote("train", dtrain, shards[index])]
+            refs += [actor.load.remote(name, m, s[index]) for m, name, s in eval_shards]
+            return refs
+
+        loading = [load_refs(i, a) for i, a in gang.actors.items()]
+        rows = sum(ray.get([refs[0] for refs in loading]))
+        ray.get([ref for refs in loading for ref in refs[1:]])
         start: tuple[int, bytes] | None = None
         if xgb_model is not None:
             start = (xgb_model.num_boosted_rounds(), bytes(xgb_model.save_raw("ubj")))
@@ -393,7 +395,7 @@ def predict(
     gang = _start_gang(rp)
     try:
         raw = bytes(model.save_raw("ubj"))
-        shards = data.shards(rp.num_actors)
+        shards = data.shards(rp.num_actors, [gang.actors[i] for i in range(rp.num_actors)])
         parts = ray.get(
             [actor.predict.remote(data, shards[i], raw, kwargs) for i, actor in gang.actors.items()]
         )

@@ -192,13 +192,14 @@ class RayDMatrix:
         return self.fields["label"] is not None
 
     # -- sharding ------------------------------------------------------------------
-    def shards(self, num_actors: int) -> list[Shard]:
-        """One :class:`Shard` per actor (computed once per actor count)."""
+    def shards(self, num_actors: int, actors: Sequence[Any] | None = None) -> list[Shard]:
+        """One :class:`Shard` per actor (computed once per actor count). With the
+        ``actors`` given, Ray Dataset blocks go preferably to actors on their node."""
         if num_actors not in self._shards:
-            self._shards[num_actors] = self._make_shards(num_actors)
+            self._shards[num_actors] = self._make_shards(num_actors, actors)
         return self._shards[num_actors]
 
-    def _make_shards(self, n: int) -> list[Shard]:
+    def _make_shards(self, n: int, actors: Sequence[Any] | None) -> list[Shard]:
         import ray
 
         if self.files:
@@ -212,7 +213,8 @@ class RayDMatrix:
         if self.dataset is not None:
             # One block per actor, then split by blocks: every row trains (split's
             # equal=True would drop rows to even out the parts).
-            parts = self.dataset.repartition(n).split(n, equal=False)
+            hints = list(actors) if actors is not None and len(actors) == n else None
+            parts = self.dataset.repartition(n).split(n, equal=False, locality_hints=hints)
             return [Shard(dataset=part) for part in parts]
         rows = len(self.data["data"])
         if rows < n:
