@@ -152,7 +152,7 @@ def test_label_missing_or_wrong_length(cancer):
 
 def test_more_actors_than_the_cluster(ray_cluster, cancer):
     x, y = cancer
-    with pytest.raises(ResourceError, match=r"needs 8 CPUs \(4 actors x 2\).*has 4"):
+    with pytest.raises(ResourceError, match=r"needs 8 CPUs \(4 actors x 2 CPU each\).*has 4"):
         train(PARAMS, RayDMatrix(x, y), 5, ray_params=RayParams(num_actors=4, cpus_per_actor=2))
 
 

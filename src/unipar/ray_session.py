@@ -45,3 +45,19 @@ def start_ray(address: str | None, *, num_cpus: int | None = None) -> None:
             _system_config={"worker_niceness": 0},
             **options,
         )
+
+
+def require_resources(per_unit: dict[str, float], units: int, unit: str) -> None:
+    """Fail at once, before anything starts, when the cluster is too small in total for
+    ``units`` processes (``unit``: "worker", "actor") of ``per_unit`` resources each."""
+    from unipar.errors import ResourceError
+
+    total = ray.cluster_resources()
+    for resource, each in per_unit.items():
+        have = total.get(resource, 0.0)
+        if each and each * units > have:
+            raise ResourceError(
+                f"the run needs {each * units:g} {resource}s ({units} {unit}s x {each:g} "
+                f"{resource} each), but the Ray cluster has {have:g}; use at most "
+                f"{int(have // each)} {unit}s, fewer {resource}s per {unit}, or a larger cluster"
+            )

@@ -13,6 +13,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from unipar.errors import ResourceError
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.ray_session import require_resources
 from unipar.runtime.config import RunConfig
 from unipar.runtime.trainer import CheckpointPolicy
 from unipar.runtime.worker import TrainWorker
@@ -28,17 +29,8 @@ class WorkerInfo:
 
 def check_cluster_resources(config: RunConfig) -> None:
     """Fail at once, before anything starts, when the cluster is too small in total."""
-    total = ray.cluster_resources()
     needs = {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker}
-    for resource, per_worker in needs.items():
-        have = total.get(resource, 0.0)
-        if per_worker and per_worker * config.workers > have:
-            fit = int(have // per_worker)
-            raise ResourceError(
-                f"the run needs {per_worker * config.workers:g} {resource}s ({config.workers} "
-                f"workers x {per_worker:g} {resource} each), but the Ray cluster has {have:g}; "
-                f"use at most {fit} workers, fewer {resource}s per worker, or a larger cluster"
-            )
+    require_resources(needs, config.workers, "worker")
 
 
 class WorkerGroup:

@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from xgboost.tracker import RabitTracker
 
 from unipar.errors import ConfigError, ResourceError, TrainingFailedError
-from unipar.ray_session import ensure_ray
+from unipar.ray_session import ensure_ray, require_resources
 from unipar.xgboost.actor import XGBoostActor
 from unipar.xgboost.matrix import RayDMatrix
 from unipar.xgboost.params import RayParams
@@ -75,16 +75,8 @@ def _resolve(ray_params: RayParams | dict[str, Any] | None) -> RayParams:
             f">= 1 (got num_actors={ray_params.num_actors})"
         )
     cpus = ray_params.cpus_per_actor or 1
-    total = ray.cluster_resources()
     gpus = ray_params.gpus_per_actor if ray_params.gpus_per_actor >= 0 else 0
-    for resource, each in (("CPU", cpus), ("GPU", gpus)):
-        have = total.get(resource, 0.0)
-        if each and each * ray_params.num_actors > have:
-            raise ResourceError(
-                f"training needs {each * ray_params.num_actors:g} {resource}s "
-                f"({ray_params.num_actors} actors x {each:g}), but the Ray cluster has "
-                f"{have:g}; use num_actors <= {int(have // each)} or fewer {resource}s per actor"
-            )
+    require_resources({"CPU": cpus, "GPU": gpus}, ray_params.num_actors, "actor")
     from dataclasses import replace
 
     return replace(ray_params, cpus_per_actor=cpus, gpus_per_actor=gpus)
