@@ -198,3 +198,73 @@ def test_ray_dataset_blocks_are_split_over_actors(ray_cluster, cancer):
         )
         <= 0.01
     )
+
+
+class RecordHooks:
+    """A DistributedCallback that leaves one file per hook call, named by hook and pid."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def _mark(self, hook: str) -> None:
+        Path(self.directory, f"{hook}-{os.getpid()}").touch()
+
+    def on_init(self, actor):
+        self._mark("on_init")
+
+    def before_data_loading(self, actor, data):
+        self._mark("before_data_loading")
+
+    def after_data_loading(self, actor, data):
+        self._mark("after_data_loading")
+
+    def before_train(self, actor):
+        self._mark("before_train")
+
+    def after_train(self, actor, result):
+        self._mark("after_train")
+
+    def before_predict(self, actor):
+        self._mark("before_predict")
+
+    def after_predict(self, actor, predictions):
+        self._mark("after_predict")
+
+
+def test_quantile_matrix_and_distributed_callbacks(ray_cluster, cancer, tmp_path):
+    from unipar.xgboost import DistributedCallback, RayDeviceQuantileDMatrix
+
+    x, y = cancer
+    hooks = type("Hooks", (RecordHooks, DistributedCallback), {})(str(tmp_path))
+    ray_params = RayParams(num_actors=2, distributed_callbacks=[hooks])
+    booster = train(PARAMS, RayDeviceQuantileDMatrix(x, y), 10, ray_params=ray_params)
+    reference = xgb.train(PARAMS, xgb.QuantileDMatrix(x, y), 10)
+    assert (
+        abs(
+            log_loss(y, booster.predict(xgb.DMatrix(x)))
+            - log_loss(y, reference.predict(xgb.DMatrix(x)))
+        )
+        <= QUALITY_TOLERANCE
+    )
+    predict(booster, RayDMatrix(x), ray_params=ray_params)
+    calls = {}
+    for marker in tmp_path.iterdir():
+        hook, pid = marker.name.rsplit("-", 1)
+        calls.setdefault(hook, set()).add(pid)
+    trainers = calls["before_train"]
+    predictors = calls["before_predict"]
+    assert len(trainers) == 2 and len(predictors) == 2 and not trainers & predictors
+    for hook in ("before_data_loading", "after_data_loading", "after_train"):
+        assert calls[hook] == trainers, (hook, calls)
+    assert calls["after_predict"] == predictors
+    assert calls["on_init"] == trainers | predictors
+
+
+def test_combine_data_restores_row_order():
+    from unipar.xgboost import RayShardingMode, combine_data
+
+    rows = np.arange(10)
+    interleaved = [rows[i::3] for i in range(3)]
+    np.testing.assert_array_equal(combine_data(RayShardingMode.INTERLEAVED, interleaved), rows)
+    batches = np.array_split(rows, 3)
+    np.testing.assert_array_equal(combine_data(RayShardingMode.BATCH, batches), rows)

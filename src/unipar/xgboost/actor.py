@@ -114,10 +114,15 @@ class XGBoostActor:
         log: dict[str, Any] = {}
         for callback in self.callbacks:
             callback.before_train(self)
-        matrices = {name: to_dmatrix(*self.loaded[name]) for name in ["train", *evals]}
         try:
             with collective.CommunicatorContext(**tracker_args):
                 rank = collective.get_rank()
+                # Inside the collective: a QuantileDMatrix agrees its bins with the peers
+                # as it is built; evaluation matrices take the training matrix's bins.
+                train_matrix = to_dmatrix(*self.loaded["train"])
+                matrices = {"train": train_matrix}
+                for name in evals:
+                    matrices[name] = to_dmatrix(*self.loaded[name], ref=train_matrix)
                 booster = xgb.train(
                     params,
                     matrices["train"],
@@ -176,10 +181,13 @@ def read_shard(matrix: RayDMatrix, shard: Shard) -> dict[str, Any]:
     return {"data": frame.drop(columns=list(named.values())), **values}
 
 
-def to_dmatrix(matrix: RayDMatrix, parts: dict[str, Any]) -> xgb.DMatrix:
+def to_dmatrix(
+    matrix: RayDMatrix, parts: dict[str, Any], ref: xgb.DMatrix | None = None
+) -> xgb.DMatrix:
     parts = dict(parts)
     data = parts.pop("data")
-    kind = xgb.QuantileDMatrix if getattr(matrix, "quantile", False) else xgb.DMatrix
+    quantile = getattr(matrix, "quantile", False)
+    kind = xgb.QuantileDMatrix if quantile else xgb.DMatrix
     options: dict[str, Any] = {
         "feature_names": matrix.feature_names,
         "feature_types": matrix.feature_types,
@@ -187,4 +195,6 @@ def to_dmatrix(matrix: RayDMatrix, parts: dict[str, Any]) -> xgb.DMatrix:
     }
     if matrix.missing is not None:
         options["missing"] = matrix.missing
+    if quantile and isinstance(ref, xgb.QuantileDMatrix):
+        options["ref"] = ref
     return kind(data, **parts, **options)
