@@ -114,7 +114,6 @@ class Job:
     seed: int = 0
     name: str = "job"
     grad_clip_norm: float | None = None
-    tokens_per_sample: int = 1
 
     def __post_init__(self) -> None:
         if self.global_batch_size < 1:
@@ -132,6 +131,3 @@ class Job:
         if isinstance(self.optimizer, OptimizerSpec):
             return self.optimizer.build(params)
         return self.optimizer(params)
-
-    def base_lrs(self, optimizer: torch.optim.Optimizer) -> list[float]:
-        return [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]

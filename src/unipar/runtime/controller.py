@@ -8,7 +8,6 @@ one from the newest checkpoint, up to ``max_failures`` times.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,7 +187,3 @@ class Controller:
             self.bar.update(metrics)
             for callback in self.callbacks:
                 callback.on_step(metrics, self.workers)
-
-
-def wall_clock() -> float:
-    return time.perf_counter()

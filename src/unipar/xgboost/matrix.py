@@ -54,7 +54,9 @@ class RayDMatrix:
 
     ``data``: a numpy array, a pandas DataFrame, a CSV or Parquet path or list of paths, or
     a Ray Dataset. ``label``, ``weight``, ``base_margin``, ``qid`` and the label bounds are
-    arrays, or column names when ``data`` has columns.
+    arrays, or column names when ``data`` has columns. ``num_actors``, ``distributed`` and
+    ``lazy`` are accepted for compatibility with XGBoost-Ray and have no effect: the shards
+    follow ``ray_params.num_actors`` and are always made when training starts.
     """
 
     def __init__(
