@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import ray
 
@@ -61,3 +62,29 @@ def require_resources(per_unit: dict[str, float], units: int, unit: str) -> None
                 f"{resource} each), but the Ray cluster has {have:g}; use at most "
                 f"{int(have // each)} {unit}s, fewer {resource}s per {unit}, or a larger cluster"
             )
+
+
+def reserve_bundles(
+    bundle: dict[str, float],
+    count: int,
+    unit: str,
+    *,
+    strategy: str = "PACK",
+    timeout_s: float = 60.0,
+) -> Any:
+    """A placement group of ``count`` copies of ``bundle``, ready; if the cluster cannot
+    place it within ``timeout_s``, it is removed and a ResourceError says why."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from unipar.errors import ResourceError
+
+    group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise ResourceError(
+            f"could not place {count} {unit}s of {bundle} within {timeout_s:g} s: the "
+            f"cluster's nodes do not have these resources free (free now: "
+            f"{ray.available_resources()}); use fewer or smaller {unit}s"
+        )
+    return group

@@ -7,13 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from unipar.errors import ResourceError
 from unipar.job import Job
 from unipar.plan import Plan
-from unipar.ray_session import require_resources
+from unipar.ray_session import require_resources, reserve_bundles
 from unipar.runtime.config import RunConfig
 from unipar.runtime.trainer import CheckpointPolicy
 from unipar.runtime.worker import TrainWorker
@@ -39,18 +38,9 @@ class WorkerGroup:
         bundle = {"CPU": config.cpus_per_worker}
         if config.gpus_per_worker:
             bundle["GPU"] = config.gpus_per_worker
-        self.placement: PlacementGroup = placement_group(
-            [dict(bundle) for _ in range(config.workers)], strategy="PACK"
+        self.placement: PlacementGroup = reserve_bundles(
+            bundle, config.workers, "worker", timeout_s=config.placement_timeout_s
         )
-        ready, _ = ray.wait([self.placement.ready()], timeout=config.placement_timeout_s)
-        if not ready:
-            remove_placement_group(self.placement)
-            raise ResourceError(
-                f"could not place {config.workers} workers of {bundle} within "
-                f"{config.placement_timeout_s:g} s: the cluster's nodes do not have these "
-                f"resources free (cluster: {ray.available_resources()}); use fewer workers or "
-                "smaller ones"
-            )
         actor = ray.remote(TrainWorker)
         self.workers = [
             actor.options(

@@ -18,12 +18,12 @@ import numpy as np
 import ray
 import xgboost as xgb
 from ray.exceptions import RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from xgboost.tracker import RabitTracker
 
-from unipar.errors import ConfigError, ResourceError, TrainingFailedError
-from unipar.ray_session import ensure_ray, require_resources
+from unipar.errors import ConfigError, TrainingFailedError
+from unipar.ray_session import ensure_ray, require_resources, reserve_bundles
 from unipar.xgboost.actor import XGBoostActor
 from unipar.xgboost.matrix import RayDMatrix
 from unipar.xgboost.params import RayParams
@@ -89,14 +89,7 @@ def _start_gang(ray_params: RayParams) -> _Gang:
     if ray_params.resources_per_actor:
         bundle.update(ray_params.resources_per_actor)
     strategy = ray_params.placement_options.get("strategy", "PACK")
-    placement = placement_group([dict(bundle)] * ray_params.num_actors, strategy=strategy)
-    ready, _ = ray.wait([placement.ready()], timeout=60)
-    if not ready:
-        remove_placement_group(placement)
-        raise ResourceError(
-            f"could not place {ray_params.num_actors} actors of {bundle} within 60 s; use "
-            "fewer or smaller actors"
-        )
+    placement = reserve_bundles(bundle, ray_params.num_actors, "actor", strategy=strategy)
     gang = _Gang(ray_params, placement)
     gang.actors = {i: gang.spawn(i) for i in range(ray_params.num_actors)}
     return gang
