@@ -31,12 +31,12 @@ STATE = {"world_size": 1, "global_batch_size": 4, "plan": {}}
 def test_save_load_roundtrip_and_keep_last(tmp_path):
     model, optimizer = _model_and_optimizer(0)
     for step in (1, 2, 3):
-        save_checkpoint(tmp_path, step=step, model=model, optimizer=optimizer, state=STATE, keep=2)
+        save_checkpoint(tmp_path, step=step, parts=[model], optimizers=[optimizer], state=STATE, keep=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000003"]
     assert read_checkpoint(latest_checkpoint(tmp_path)).step == 3
 
     other, other_optimizer = _model_and_optimizer(1)
-    load_checkpoint(latest_checkpoint(tmp_path), model=other, optimizer=other_optimizer)
+    load_checkpoint(latest_checkpoint(tmp_path), parts=[other], optimizers=[other_optimizer])
     for a, b in zip(model.parameters(), other.parameters(), strict=True):
         assert torch.equal(a, b)
     assert torch.equal(
@@ -49,19 +49,19 @@ def test_save_load_roundtrip_and_keep_last(tmp_path):
 
 def test_partial_write_is_ignored_and_cleaned(tmp_path):
     model, optimizer = _model_and_optimizer(0)
-    save_checkpoint(tmp_path, step=1, model=model, optimizer=optimizer, state=STATE, keep=3)
+    save_checkpoint(tmp_path, step=1, parts=[model], optimizers=[optimizer], state=STATE, keep=3)
     crashed = tmp_path / ".step_00000002.partial"  # as if a writer died midway
     crashed.mkdir()
     (crashed / "__0_0.distcp").write_bytes(b"half")
     assert latest_checkpoint(tmp_path).name == "step_00000001"
-    save_checkpoint(tmp_path, step=2, model=model, optimizer=optimizer, state=STATE, keep=3)
+    save_checkpoint(tmp_path, step=2, parts=[model], optimizers=[optimizer], state=STATE, keep=3)
     assert not crashed.exists()
     assert latest_checkpoint(tmp_path).name == "step_00000002"
 
 
 def test_missing_state_file_is_corrupt(tmp_path):
     model, optimizer = _model_and_optimizer(0)
-    path = save_checkpoint(tmp_path, step=1, model=model, optimizer=optimizer, state=STATE, keep=1)
+    path = save_checkpoint(tmp_path, step=1, parts=[model], optimizers=[optimizer], state=STATE, keep=1)
     (path / "unipar_state.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="incomplete or corrupt"):
         read_checkpoint(path)

@@ -97,7 +97,7 @@ def layer_sequence(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return layers
 
 
-def _kind(module: nn.Module, index: int, count: int) -> LayerKind:
+def layer_kind(module: nn.Module, index: int, count: int) -> LayerKind:
     if isinstance(module, nn.Embedding):
         return LayerKind.EMBEDDING
     if index == count - 1 and isinstance(module, nn.Linear):
@@ -311,7 +311,7 @@ def _profile(sequence, recorder, hidden, tp_divisibility) -> ModelProfile:  # ty
         layers.append(
             LayerProfile(
                 name=name,
-                kind=_kind(module, index, len(sequence)),
+                kind=layer_kind(module, index, len(sequence)),
                 params=sum(p.numel() for p in own),
                 forward_flops=s["flops"],
                 matmuls=tuple(recorder.matmuls.get(name, ())),

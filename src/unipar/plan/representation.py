@@ -64,6 +64,26 @@ class Mesh:
         """Workers that see different samples: the dp and fsdp axes together."""
         return self.dp * self.fsdp
 
+    def coordinates(self, rank: int) -> MeshCoordinates:
+        """Where ``rank`` sits, with axes laid out (pp, dp, fsdp, tp) and tp innermost,
+        so tensor-parallel peers are neighbouring ranks (on one node)."""
+        if not 0 <= rank < self.world_size:
+            raise ConfigError(f"rank must be in [0, {self.world_size}), but got {rank}")
+        rest, tp = divmod(rank, self.tp)
+        rest, fsdp = divmod(rest, self.fsdp)
+        pp, dp = divmod(rest, self.dp)
+        return MeshCoordinates(pp=pp, dp=dp, fsdp=fsdp, tp=tp)
+
+
+@dataclass(frozen=True)
+class MeshCoordinates:
+    """One rank's index along each mesh axis."""
+
+    pp: int
+    dp: int
+    fsdp: int
+    tp: int
+
 
 @dataclass(frozen=True)
 class Plan:

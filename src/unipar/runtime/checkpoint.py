@@ -20,6 +20,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -154,16 +155,40 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _state_dicts(
+    parts: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]
+) -> tuple[dict[str, Any], list[tuple[set[str], set[str]]]]:
+    """Model and optimizer state of every part, keyed by parameter name (the names of
+    the whole single-device model, whatever the plan), and each part's own keys.
+
+    The optimizer state is flattened to one entry per parameter, so any plan's
+    checkpoint loads under any other plan (DCP reshards each tensor)."""
+    dcp = _dcp()
+    options = dcp.state_dict.StateDictOptions(flatten_optimizer_state_dict=True)
+    model_state: dict[str, Any] = {}
+    optimizer_state: dict[str, Any] = {}
+    keys = []
+    for part, optimizer in zip(parts, optimizers, strict=True):
+        part_model, part_optimizer = dcp.state_dict.get_state_dict(
+            part, optimizer, options=options
+        )
+        model_state.update(part_model)
+        optimizer_state.update(part_optimizer)
+        keys.append((set(part_model), set(part_optimizer)))
+    return {"model": model_state, "optimizer": optimizer_state}, keys
+
+
 def save_checkpoint(
     directory: Path,
     *,
     step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    parts: Sequence[nn.Module],
+    optimizers: Sequence[torch.optim.Optimizer],
     state: dict[str, Any],
     keep: int,
 ) -> Path:
-    """Collective: every rank calls it. Returns the final checkpoint path."""
+    """Collective: every rank calls it, with the model parts it holds (one, or several
+    pipeline stages) and one optimizer per part. Returns the final checkpoint path."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     final = directory / checkpoint_name(step)
     partial = directory / f".{final.name}.partial"
@@ -172,8 +197,8 @@ def save_checkpoint(
         partial.mkdir(parents=True)
     _barrier()
     dcp = _dcp()
-    model_state, optimizer_state = dcp.state_dict.get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
+    state_dict, _ = _state_dicts(parts, optimizers)
+    dcp.save(state_dict, checkpoint_id=str(partial))
     torch.save(_rng_states(), partial / f"rng_rank{rank}.pt")
     _barrier()
     if rank == 0:
@@ -187,13 +212,18 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(path: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Collective: load model and optimizer state (resharding as needed) and, when the
-    world size is unchanged, this rank's random number generator states."""
+def load_checkpoint(
+    path: Path,
+    *,
+    parts: Sequence[nn.Module],
+    optimizers: Sequence[torch.optim.Optimizer],
+) -> None:
+    """Collective: load model and optimizer state, resharded to this rank's parts (the
+    checkpoint may come from another plan), and, when the world size is unchanged, this
+    rank's random number generator states."""
     info = read_checkpoint(path)
     dcp = _dcp()
-    model_state, optimizer_state = dcp.state_dict.get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state}
+    state, keys = _state_dicts(parts, optimizers)
     try:
         dcp.load(state, checkpoint_id=str(path))
     except Exception as error:
@@ -201,12 +231,15 @@ def load_checkpoint(path: Path, *, model: nn.Module, optimizer: torch.optim.Opti
             f"could not load checkpoint {path} into this model ({type(error).__name__}: "
             f"{error}); resume with the model it was written for, or start afresh"
         ) from error
-    dcp.state_dict.set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optimizer"],
-    )
+    options = dcp.state_dict.StateDictOptions(flatten_optimizer_state_dict=True)
+    for part, optimizer, (model_keys, optimizer_keys) in zip(parts, optimizers, keys, strict=True):
+        dcp.state_dict.set_state_dict(
+            part,
+            optimizer,
+            model_state_dict={k: state["model"][k] for k in model_keys},
+            optim_state_dict={k: state["optimizer"][k] for k in optimizer_keys},
+            options=options,
+        )
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     rng_file = path / f"rng_rank{rank}.pt"

@@ -84,7 +84,7 @@ class Controller:
             keep=config.keep_checkpoints,
         )
         self.state = RunState()
-        self.aggregator = StepAggregator(plan.mesh.data_replicas)
+        self.aggregator = StepAggregator(plan.mesh.world_size)
         self.bar = ProgressBar(job.steps, enabled=config.progress)
 
     def run(self) -> TrainOutcome:

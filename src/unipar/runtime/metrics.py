@@ -45,7 +45,7 @@ class StepAggregator:
                 complete.append(
                     StepMetrics(
                         step=report.step,
-                        loss=sum(r.loss for r in group) / len(group),
+                        loss=_mean([r.loss for r in group if r.loss is not None]),
                         lr=group[0].lr,
                         samples=sum(r.samples for r in group),
                         tokens=tokens,
@@ -59,6 +59,10 @@ class StepAggregator:
 
     def reset(self) -> None:
         self._pending.clear()
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
 
 
 class MetricsWriter:

@@ -1,19 +1,149 @@
-"""Apply a plan's parallelism to a freshly built model on one worker."""
+"""Apply a plan on one worker: build, split, shard, materialise (torchtitan's order).
+
+1. Build the whole model twice from the job's factory with the job's seed: on CPU (the
+   reference: exactly the single-device weights) and on the meta device (no memory).
+2. On the meta model: cut out this rank's pipeline stage(s), then tensor parallel,
+   activation recompute, FSDP.
+3. ``to_empty`` on the device, then the reference weights sliced into each shard.
+4. Pure data parallel skips all this: the reference model itself goes under DDP.
+
+The result, :class:`ParallelModel`, runs one optimizer step's forward and backward
+whatever the plan.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from unipar.errors import UnsupportedPlanError
 from unipar.plan import Plan
+from unipar.plan.representation import MeshCoordinates
+from unipar.runtime import stages as stage_cuts
+from unipar.runtime.data_parallel import apply_ddp, apply_fully_shard, uses_fully_shard
+from unipar.runtime.recompute import apply_recompute
+from unipar.runtime.tensor_parallel import apply_tensor_parallel, tensor_parallel_roles
+from unipar.runtime.weights import load_reference_weights
+
+Microbatch = tuple[torch.Tensor, torch.Tensor]
+LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class ParallelModel:
+    """This rank's share of the model and how it takes part in a step.
+
+    ``parts`` are the modules whose parameters this rank trains: one, or several
+    pipeline stages under interleaved 1F1B. ``schedule`` is the pipeline schedule
+    (``None`` without a pipeline)."""
+
+    parts: list[nn.Module]
+    plan: Plan
+    coordinates: MeshCoordinates
+    schedule: Any = None
+    pp_group: Any = None
+
+    @property
+    def data_replica(self) -> int:
+        """Which slice of the global batch this rank's replica computes."""
+        return self.coordinates.dp * self.plan.mesh.fsdp + self.coordinates.fsdp
+
+    @property
+    def first_stage(self) -> bool:
+        return self.coordinates.pp == 0
+
+    @property
+    def last_stage(self) -> bool:
+        return self.coordinates.pp == self.plan.mesh.pp - 1
+
+    @property
+    def reads_data(self) -> bool:
+        """Only the first stage needs inputs and only the last needs targets."""
+        return self.first_stage or self.last_stage
+
+    @property
+    def counts_samples(self) -> bool:
+        """One rank per data replica counts the replica's samples."""
+        return self.first_stage and self.coordinates.tp == 0
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters()]
+
+    def forward_backward(
+        self, microbatches: list[Microbatch], loss_fn: LossFunction
+    ) -> torch.Tensor | None:
+        """Gradients of the mean loss over ``microbatches``; returns that loss where this
+        rank computes it (``None`` on pipeline stages before the last)."""
+        if self.schedule is not None:
+            return self._pipeline_step(microbatches)
+        total = torch.zeros(())
+        for index, (inputs, targets) in enumerate(microbatches):
+            last = index == len(microbatches) - 1
+            with _gradient_sync(self.parts[0], enabled=last):
+                loss = loss_fn(self.parts[0](inputs), targets) / len(microbatches)
+                loss.backward()
+            total = total.to(loss.device) + loss.detach()
+        return total
+
+    def _pipeline_step(self, microbatches: list[Microbatch]) -> torch.Tensor | None:
+        losses: list[torch.Tensor] = []
+        inputs = torch.cat([m[0] for m in microbatches]) if self.first_stage else None
+        targets = torch.cat([m[1] for m in microbatches]) if self.last_stage else None
+        args = (inputs,) if self.first_stage else ()
+        self.schedule.step(*args, target=targets, losses=losses)
+        if not self.last_stage:
+            return None
+        return torch.stack([loss.detach() for loss in losses]).mean()
+
+
+def _gradient_sync(module: nn.Module, *, enabled: bool) -> contextlib.AbstractContextManager:
+    """Skip gradient synchronisation on all but the last micro-batch."""
+    if enabled:
+        return contextlib.nullcontext()
+    if hasattr(module, "no_sync"):  # DDP
+        return module.no_sync()
+    if hasattr(module, "set_requires_gradient_sync"):  # FSDP2
+        return _fsdp_no_sync(module)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(module: Any):  # type: ignore[no-untyped-def]
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
+
+
+def check_plan_for_model(model: nn.Module, plan: Plan) -> None:
+    """Raise :class:`UnsupportedPlanError` if ``model`` (on any device, the meta device
+    is enough) cannot take ``plan``. Nothing distributed is needed."""
+    if plan.mesh.tp > 1:
+        tensor_parallel_roles(model, plan)
+    if plan.mesh.pp > 1:
+        stage_cuts.check_pipeline_layers(model, plan)
 
 
 def parallelize(
-    model: nn.Module, plan: Plan, *, device: torch.device, world_size: int
-) -> nn.Module:
-    """Wrap ``model`` as ``plan`` says; the result is what the train loop calls."""
+    build: Callable[[], nn.Module],
+    plan: Plan,
+    *,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    loss_fn: LossFunction,
+    sample: torch.Tensor,
+    seed: int,
+) -> ParallelModel:
+    """Build the model with ``build`` and apply ``plan`` for ``rank`` (see module doc).
+
+    ``sample`` (one input, batch of 1) checks that pipeline stages compose."""
     mesh = plan.mesh
     if mesh.world_size != world_size:
         raise UnsupportedPlanError(
@@ -21,13 +151,82 @@ def parallelize(
             f"fsdp={mesh.fsdp} x tp={mesh.tp}), but the run has {world_size}; set workers="
             f"{mesh.world_size} or choose a plan for {world_size}"
         )
-    if (mesh.pp, mesh.fsdp, mesh.tp) != (1, 1, 1):
+    coordinates = mesh.coordinates(rank)
+    torch.manual_seed(seed)
+    reference = build()
+    if (mesh.pp, mesh.fsdp, mesh.tp) == (1, 1, 1):
+        model = apply_recompute(reference, plan).to(device)
+        if world_size > 1:
+            model = apply_ddp(model, device)
+        return ParallelModel(parts=[model], plan=plan, coordinates=coordinates)
+
+    rng = torch.get_rng_state()
+    with torch.device("meta"):
+        whole = build()
+    torch.set_rng_state(rng)  # dropout draws as in the single-device run
+    check_plan_for_model(whole, plan)
+    device_mesh = _device_mesh(plan, device)
+    if mesh.pp > 1:
+        chunks = stage_cuts.stage_layer_names(whole, plan)
+        stage_cuts.check_stages_compose(reference, chunks, sample)
+        indices = stage_cuts.stage_indices(plan, coordinates.pp)
+        parts = [stage_cuts.build_stage(whole, chunks[i]) for i in indices]
+    else:
+        indices, parts = [0], [whole]
+    roles = tensor_parallel_roles(whole, plan) if mesh.tp > 1 else {}
+    for part in parts:
+        if roles:
+            apply_tensor_parallel(part, roles, device_mesh["tp"])
+        apply_recompute(part, plan)
+        if uses_fully_shard(plan):
+            apply_fully_shard(part, plan, device_mesh)
+        load_reference_weights(part, reference, device)
+    del reference
+    model = ParallelModel(parts=parts, plan=plan, coordinates=coordinates)
+    if mesh.pp > 1:
+        pp_group = device_mesh["pp"].get_group()
+        model.pp_group = pp_group
+        model.schedule = _pipeline_schedule(parts, indices, plan, device, pp_group, loss_fn)
+    return model
+
+
+def _device_mesh(plan: Plan, device: torch.device) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = plan.mesh
+    return init_device_mesh(
+        device.type,
+        (mesh.pp, mesh.dp, mesh.fsdp, mesh.tp),
+        mesh_dim_names=("pp", "dp", "fsdp", "tp"),
+    )
+
+
+def _pipeline_schedule(
+    parts: list[nn.Module],
+    indices: list[int],
+    plan: Plan,
+    device: torch.device,
+    group: Any,
+    loss_fn: LossFunction,
+) -> Any:
+    """``torch.distributed.pipelining`` stages for ``parts`` and the plan's schedule."""
+    from torch.distributed import pipelining
+
+    from unipar.plan import PipelineSchedule
+
+    chunks = plan.mesh.pp * plan.virtual_stages
+    stages = [
+        pipelining.PipelineStage(part, index, chunks, device, group=group)
+        for part, index in zip(parts, indices, strict=True)
+    ]
+    m = plan.num_microbatches
+    if plan.schedule is PipelineSchedule.INTERLEAVED_1F1B:
+        return pipelining.ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn)
+    if plan.virtual_stages != 1:
         raise UnsupportedPlanError(
-            f"this runtime applies data parallel plans only, but the plan has pp={mesh.pp}, "
-            f"fsdp={mesh.fsdp}, tp={mesh.tp}; use a plan with only the dp axis"
+            f"virtual_stages={plan.virtual_stages} needs the interleaved_1f1b schedule, but the "
+            f"plan has {plan.schedule.value}; set virtual_stages=1 or schedule=interleaved_1f1b"
         )
-    model.to(device)
-    if world_size == 1:
-        return model
-    device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    if plan.schedule is PipelineSchedule.GPIPE:
+        return pipelining.ScheduleGPipe(stages[0], m, loss_fn=loss_fn)
+    return pipelining.Schedule1F1B(stages[0], m, loss_fn=loss_fn)

@@ -6,7 +6,6 @@ The controller runs one :class:`Trainer` per worker process; a single process wi
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from unipar.errors import ConfigError, UserCodeError
 from unipar.job import Job
 from unipar.plan import Plan
 from unipar.runtime.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
+from unipar.runtime.clipping import clip_grad_norm
 from unipar.runtime.parallelize import parallelize
 
 
@@ -31,7 +31,7 @@ class StepReport:
 
     step: int
     rank: int
-    loss: float
+    loss: float | None  # None where this rank computes no loss (early pipeline stages)
     samples: int
     tokens: int
     seconds: float
@@ -79,22 +79,28 @@ class Trainer:
     def setup(self, resume_from: Path | None) -> int:
         """Build model, optimizer and data; load ``resume_from``. Returns the first step."""
         job = self.job
-        torch.manual_seed(job.seed)
-        model = _call_user("model factory", job.model)
-        if not isinstance(model, nn.Module):
-            raise ConfigError(
-                f"the job's model factory must return a torch.nn.Module, "
-                f"but it returned {type(model).__name__}"
-            )
-        self.model = parallelize(model, self.plan, device=self.device, world_size=self.world_size)
-        self.optimizer = _call_user(
-            "optimizer", lambda: job.build_optimizer(self.model.parameters())
-        )
-        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.dataset = _call_user("dataset factory", job.dataset)
+        self.model = parallelize(
+            self._build_model,
+            self.plan,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+            loss_fn=job.loss,
+            sample=self._sample(),
+            seed=job.seed,
+        )
+        self.optimizers = [
+            _call_user("optimizer", lambda part=part: job.build_optimizer(part.parameters()))
+            for part in self.model.parts
+        ]
+        self.base_lrs = [[g["lr"] for g in opt.param_groups] for opt in self.optimizers]
         sampler = GlobalBatchSampler(len(self.dataset), job.global_batch_size, job.seed)
         self.batches = ShardedBatches(
-            sampler, self.rank, self.plan.mesh.data_replicas, self.plan.microbatch_size
+            sampler,
+            self.model.data_replica,
+            self.plan.mesh.data_replicas,
+            self.plan.microbatch_size,
         )
         if resume_from is not None:
             info = read_checkpoint(resume_from)
@@ -104,9 +110,24 @@ class Trainer:
                     f"the checkpoint has global_batch_size={info.global_batch_size} and the job "
                     f"{job.global_batch_size}; use {info.global_batch_size} or start afresh"
                 )
-            load_checkpoint(resume_from, model=self.model, optimizer=self.optimizer)
+            load_checkpoint(resume_from, parts=self.model.parts, optimizers=self.optimizers)
             self.start_step = info.step
         return self.start_step
+
+    def _build_model(self) -> nn.Module:
+        model = _call_user("model factory", self.job.model)
+        if not isinstance(model, nn.Module):
+            raise ConfigError(
+                f"the job's model factory must return a torch.nn.Module, "
+                f"but it returned {type(model).__name__}"
+            )
+        return model
+
+    def _sample(self) -> torch.Tensor:
+        """One input (batch of 1): the pipeline checks its stages on it."""
+        if len(self.dataset) == 0:
+            raise ConfigError("the job's dataset is empty; give it at least one sample")
+        return default_collate([self.dataset[0]])[0]
 
     def _microbatch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, targets = default_collate([self.dataset[int(i)] for i in indices])
@@ -114,49 +135,51 @@ class Trainer:
 
     def _set_lr(self, step: int) -> float:
         factor = self.job.lr_schedule.multiplier(step, self.job.steps)
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
-            group["lr"] = base * factor
-        return self.base_lrs[0] * factor
+        for optimizer, bases in zip(self.optimizers, self.base_lrs, strict=True):
+            for group, base in zip(optimizer.param_groups, bases, strict=True):
+                group["lr"] = base * factor
+        return self.base_lrs[0][0] * factor
 
     def train_step(self, step: int) -> StepReport:
         started = time.perf_counter()
         lr = self._set_lr(step)
-        micro = self.batches.microbatches(step)
-        total_loss = torch.zeros((), device=self.device)
-        samples = tokens = 0
-        for index, indices in enumerate(micro):
-            inputs, targets = self._microbatch(indices)
-            last = index == len(micro) - 1
-            sync = (
-                contextlib.nullcontext() if last or self.world_size == 1 else self.model.no_sync()
-            )
-            with sync:
-                loss = self.job.loss(self.model(inputs), targets) / len(micro)
-                loss.backward()
-            total_loss += loss.detach()
-            samples += len(indices)
-            tokens += targets.numel()
+        model = self.model
+        indices = self.batches.microbatches(step)
+        if model.reads_data:
+            micro = [self._microbatch(i) for i in indices]
+        else:  # a middle pipeline stage receives activations, not data
+            micro = []
+        loss = model.forward_backward(micro, self.job.loss)
         if self.job.grad_clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.job.grad_clip_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            clip_grad_norm(model.parameters(), self.job.grad_clip_norm, model.pp_group)
+        for optimizer in self.optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        samples = sum(len(i) for i in indices) if model.counts_samples else 0
         return StepReport(
             step=step,
             rank=self.rank,
-            loss=total_loss.item(),
+            loss=None if loss is None else loss.item(),
             samples=samples,
-            tokens=tokens,
+            tokens=samples * self._tokens_per_sample(micro),
             seconds=time.perf_counter() - started,
             lr=lr,
             finished_at=time.time(),
         )
 
+    @staticmethod
+    def _tokens_per_sample(micro: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+        if not micro:
+            return 0
+        targets = micro[0][1]
+        return targets[0].numel() if targets.dim() else 1
+
     def save(self, step: int) -> Path:
         return save_checkpoint(
             self.checkpoints.directory,
             step=step,
-            model=self.model,
-            optimizer=self.optimizer,
+            parts=self.model.parts,
+            optimizers=self.optimizers,
             state={
                 "world_size": self.world_size,
                 "global_batch_size": self.job.global_batch_size,

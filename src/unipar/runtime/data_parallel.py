@@ -1,0 +1,54 @@
+"""Data parallelism over the plan's ``dp`` and ``fsdp`` mesh axes.
+
+- ``fsdp > 1``, or any data parallelism combined with tensor or pipeline parallelism: FSDP2
+  ``fully_shard``, each block its own group, then the whole model (torchtitan's
+  layout). Over ``fsdp`` alone it is ZeRO-3, or ZeRO-2-like with
+  ``reshard_after_forward=False`` (Rajbhandari et al. 2020); with ``dp`` as well it is
+  hybrid sharding (HSDP): sharded within ``fsdp``, replicated across ``dp``.
+- ``dp`` alone: PyTorch DDP, gradients all-reduced in buckets during backward
+  (Li et al. 2020).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from unipar.analysis.profile import LayerKind, layer_kind, layer_sequence
+from unipar.plan import Plan
+
+
+def uses_fully_shard(plan: Plan) -> bool:
+    """FSDP2 unless the plan is pure data parallel (DDP) or has no data axis at all.
+    Pipeline stages take FSDP2 even for plain replication: DDP's bucket rebuilding
+    breaks when a schedule runs several forwards before the first backward."""
+    mesh = plan.mesh
+    return mesh.data_replicas > 1 and (mesh.fsdp > 1 or mesh.tp > 1 or mesh.pp > 1)
+
+
+def apply_fully_shard(model: nn.Module, plan: Plan, device_mesh: Any) -> nn.Module:
+    """Shard ``model`` (whole model or a stage, typically still on the meta device) over
+    the plan's data axes of ``device_mesh``."""
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = plan.mesh
+    if mesh.dp > 1:
+        data_mesh = device_mesh["dp", "fsdp"]  # 2D: replicate over dp, shard over fsdp
+    else:
+        data_mesh = device_mesh["fsdp"]
+    layers = layer_sequence(model)
+    for index, (_, layer) in enumerate(layers):
+        if layer_kind(layer, index, len(layers)) is LayerKind.BLOCK:
+            fully_shard(layer, mesh=data_mesh, reshard_after_forward=plan.reshard_after_forward)
+    fully_shard(model, mesh=data_mesh, reshard_after_forward=plan.reshard_after_forward)
+    return model
+
+
+def apply_ddp(model: nn.Module, device: torch.device, process_group: Any = None) -> nn.Module:
+    """Wrap a materialised ``model`` in DDP over ``process_group`` (default: all ranks)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, process_group=process_group)
