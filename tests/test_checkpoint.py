@@ -31,7 +31,9 @@ STATE = {"world_size": 1, "global_batch_size": 4, "plan": {}}
 def test_save_load_roundtrip_and_keep_last(tmp_path):
     model, optimizer = _model_and_optimizer(0)
     for step in (1, 2, 3):
-        save_checkpoint(tmp_path, step=step, parts=[model], optimizers=[optimizer], state=STATE, keep=2)
+        save_checkpoint(
+            tmp_path, step=step, parts=[model], optimizers=[optimizer], state=STATE, keep=2
+        )
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000003"]
     assert read_checkpoint(latest_checkpoint(tmp_path)).step == 3
 
@@ -61,7 +63,9 @@ def test_partial_write_is_ignored_and_cleaned(tmp_path):
 
 def test_missing_state_file_is_corrupt(tmp_path):
     model, optimizer = _model_and_optimizer(0)
-    path = save_checkpoint(tmp_path, step=1, parts=[model], optimizers=[optimizer], state=STATE, keep=1)
+    path = save_checkpoint(
+        tmp_path, step=1, parts=[model], optimizers=[optimizer], state=STATE, keep=1
+    )
     (path / "unipar_state.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="incomplete or corrupt"):
         read_checkpoint(path)

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from unipar.analysis import analyze
+from unipar.analysis.profile import LayerKind
 from unipar.cluster import cluster_preset
 from unipar.models import GPTConfig
 from unipar.plan import PipelineSchedule, Plan, Recompute, search
@@ -21,8 +22,9 @@ def _divisors(n):
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _all_partitions(n, parts):
-    for cuts in itertools.combinations(range(1, n), parts - 1):
+def _all_partitions(n, parts, allowed_cuts=None):
+    cut_points = range(1, n) if allowed_cuts is None else allowed_cuts
+    for cuts in itertools.combinations(cut_points, parts - 1):
         bounds = [0, *cuts, n]
         yield [list(range(bounds[i], bounds[i + 1])) for i in range(parts)]
 
@@ -88,8 +90,12 @@ def test_search_matches_brute_force(hidden, layers, heads, seq, devices, batch, 
     cluster = replace(base, device=replace(base.device, memory_gib=memory_gib))
     model = CostModel(profile, cluster)
     best_time, count = float("inf"), 0
+    # Stages start at a block (never at the first: the embeddings stay with it).
+    block_starts = [i for i, x in enumerate(profile.layers) if x.kind is LayerKind.BLOCK][1:]
     for plan in _every_plan(profile, devices, devices, batch, heads):
-        for stages in _all_partitions(len(profile.layers), plan.mesh.pp * plan.virtual_stages):
+        for stages in _all_partitions(
+            len(profile.layers), plan.mesh.pp * plan.virtual_stages, block_starts
+        ):
             estimate = model.estimate(plan, stages)
             count += 1
             if estimate.fits:

@@ -8,6 +8,7 @@ minimises the slowest stage (the inter-operator pass of Alpa, Zheng et al. 2022,
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -74,6 +75,27 @@ def balanced_partition(weights: Sequence[float], parts: int) -> list[list[int]]:
         end = start
     bounds = [0, *reversed(cuts), n]
     return [list(range(bounds[k], bounds[k + 1])) for k in range(parts)]
+
+
+def pipeline_cut_points(profile: ModelProfile) -> list[int]:
+    """Layers a pipeline stage may start at: every block but the first. Layers around
+    the blocks (embeddings, final norm, output) stay with their neighbouring block, as in
+    Megatron-LM and torchtitan, so a stage is always a run of whole blocks."""
+    blocks = [i for i, layer in enumerate(profile.layers) if layer.kind is LayerKind.BLOCK]
+    return blocks[1:]
+
+
+def stage_partition(
+    profile: ModelProfile, weights: Sequence[float], parts: int
+) -> list[list[int]]:
+    """The layers of each of ``parts`` stages, cut only at :func:`pipeline_cut_points`,
+    minimising the heaviest stage's summed ``weights``."""
+    if parts == 1:
+        return [list(range(len(weights)))]
+    bounds = [0, *pipeline_cut_points(profile), len(weights)]
+    units = [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
+    grouped = balanced_partition([sum(weights[i] for i in unit) for unit in units], parts)
+    return [[i for u in group for i in units[u]] for group in grouped]
 
 
 def tensor_parallel_styles(profile: ModelProfile) -> tuple[TensorParallelStyle, ...]:
@@ -185,7 +207,7 @@ def search(
                     if key not in partitions:
                         unit = replace(plan, microbatch_size=1)
                         weights = [sum(layer_time(x, unit, cluster)) for x in profile.layers]
-                        partitions[key] = balanced_partition(weights, chunks)
+                        partitions[key] = stage_partition(profile, weights, chunks)
                     stages = partitions[key]
                     plan = replace(
                         plan,

@@ -169,9 +169,7 @@ def _state_dicts(
     optimizer_state: dict[str, Any] = {}
     keys = []
     for part, optimizer in zip(parts, optimizers, strict=True):
-        part_model, part_optimizer = dcp.state_dict.get_state_dict(
-            part, optimizer, options=options
-        )
+        part_model, part_optimizer = dcp.state_dict.get_state_dict(part, optimizer, options=options)
         model_state.update(part_model)
         optimizer_state.update(part_optimizer)
         keys.append((set(part_model), set(part_optimizer)))

@@ -34,10 +34,8 @@ def apply_fully_shard(model: nn.Module, plan: Plan, device_mesh: Any) -> nn.Modu
     from torch.distributed.fsdp import fully_shard
 
     mesh = plan.mesh
-    if mesh.dp > 1:
-        data_mesh = device_mesh["dp", "fsdp"]  # 2D: replicate over dp, shard over fsdp
-    else:
-        data_mesh = device_mesh["fsdp"]
+    # 2D with dp: replicated over dp, sharded over fsdp.
+    data_mesh = device_mesh["dp", "fsdp"] if mesh.dp > 1 else device_mesh["fsdp"]
     layers = layer_sequence(model)
     for index, (_, layer) in enumerate(layers):
         if layer_kind(layer, index, len(layers)) is LayerKind.BLOCK:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -36,13 +37,13 @@ def stage_layer_names(model: nn.Module, plan: Plan) -> list[list[str]]:
     names = [name for name, _ in layer_sequence(model)]
     chunks = plan.mesh.pp * plan.virtual_stages
     bounds = [0, *plan.stage_boundaries, len(names)]
-    if len(bounds) != chunks + 1 or any(a >= b for a, b in zip(bounds, bounds[1:])):
+    if len(bounds) != chunks + 1 or any(a >= b for a, b in itertools.pairwise(bounds)):
         raise UnsupportedPlanError(
             f"the plan's stage_boundaries {list(plan.stage_boundaries)} must cut the model's "
             f"{len(names)} layers into pp x virtual_stages = {chunks} non-empty stages; "
             f"give {chunks - 1} increasing layer indices between 1 and {len(names) - 1}"
         )
-    return [names[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [names[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def stage_indices(plan: Plan, pp_rank: int) -> list[int]:
@@ -113,7 +114,7 @@ def _only(model: nn.Module, keep: Sequence[str]) -> Iterator[None]:
     saved = []
     for name, _ in layer_sequence(model):
         if name not in keep:
-            parent_name, _, child = name.rpartition(".")
+            parent_name = name.rpartition(".")[0]
             parent = model.get_submodule(parent_name) if parent_name else model
             saved.append((parent, dict(parent._modules)))
             _remove(model, name)
@@ -126,9 +127,7 @@ def _only(model: nn.Module, keep: Sequence[str]) -> Iterator[None]:
 
 
 @torch.no_grad()
-def check_stages_compose(
-    model: nn.Module, stages: list[list[str]], sample: torch.Tensor
-) -> None:
+def check_stages_compose(model: nn.Module, stages: list[list[str]], sample: torch.Tensor) -> None:
     """Run the stages of ``model`` one after another on ``sample`` and require the whole
     model's output: the proof that the model's ``forward`` skips removed layers."""
     was_training = model.training

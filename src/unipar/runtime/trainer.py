@@ -145,10 +145,8 @@ class Trainer:
         lr = self._set_lr(step)
         model = self.model
         indices = self.batches.microbatches(step)
-        if model.reads_data:
-            micro = [self._microbatch(i) for i in indices]
-        else:  # a middle pipeline stage receives activations, not data
-            micro = []
+        # A middle pipeline stage receives activations, not data.
+        micro = [self._microbatch(i) for i in indices] if model.reads_data else []
         loss = model.forward_backward(micro, self.job.loss)
         if self.job.grad_clip_norm is not None:
             clip_grad_norm(model.parameters(), self.job.grad_clip_norm, model.pp_group)
