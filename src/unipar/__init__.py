@@ -24,6 +24,8 @@ _EXPORTS = {
     "ScheduleKind": "unipar.job",
     "Mesh": "unipar.plan",
     "Plan": "unipar.plan",
+    "Strategy": "unipar.plan",
+    "plan_job": "unipar.plan.for_job",
     "Callback": "unipar.runtime",
     "FitResult": "unipar.runtime",
     "StepMetrics": "unipar.runtime",

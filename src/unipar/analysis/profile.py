@@ -107,7 +107,7 @@ def layer_kind(module: nn.Module, index: int, count: int) -> LayerKind:
     return LayerKind.OTHER
 
 
-class _SkipInPlaceOnMeta(TorchDispatchMode):
+class SkipInPlaceOnMeta(TorchDispatchMode):
     """While a model is built on meta: in-place ops (weight initialisation) change no
     shape and have no values to set, so skip them. Saves the cost of PyTorch's reference
     kernels for meta tensors, including a 2 s import on the first ``normal_``."""
@@ -199,7 +199,7 @@ def analyze(
     """
     with torch.device("meta"):
         try:
-            with _SkipInPlaceOnMeta():
+            with SkipInPlaceOnMeta():
                 model = model_factory()
         except Exception as error:
             raise ConfigError(

@@ -6,11 +6,16 @@ Runs in the calling process only: two threads and a loopback socket, no workers.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
+import os
+import platform
 import socket
 import threading
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
+from pathlib import Path
 
 import torch
 
@@ -81,11 +86,37 @@ def measure_loopback_bandwidth(megabytes: int = 32) -> tuple[float, float]:
     return bandwidth, latency
 
 
-def calibrated_cpu_cluster(nodes: int = 1, devices_per_node: int = 2) -> ClusterSpec:
-    """This machine as a cluster of ``devices_per_node`` single-thread CPU workers."""
-    device, link = _measure()
+def calibrated_cpu_cluster(
+    nodes: int = 1, devices_per_node: int = 2, *, cache_dir: Path | None = None
+) -> ClusterSpec:
+    """This machine as a cluster of ``devices_per_node`` single-thread CPU workers.
+
+    Measured once per machine: the numbers are kept in ``cache_dir`` (default
+    ``~/.cache/unipar``), keyed by host, core count and torch version."""
+    device, link = _cached_measurement(cache_dir or Path.home() / ".cache" / "unipar")
     device = replace(device, memory_gib=device.memory_gib / devices_per_node)
     return ClusterSpec("cpu", nodes, devices_per_node, device, link, link)
+
+
+def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
+    key = f"{platform.node()}-{os.cpu_count()}-{torch.__version__}"
+    path = cache_dir / f"cpu-calibration-{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        device = DeviceSpec(**{**data["device"], "precision": Precision(data["precision"])})
+        return device, LinkSpec(**data["link"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent or unreadable: measure again
+    device, link = _measure()
+    record = {
+        "device": {k: v for k, v in asdict(device).items() if k != "precision"},
+        "precision": device.precision.value,
+        "link": asdict(link),
+    }
+    with contextlib.suppress(OSError):  # a read-only home only costs a re-measurement
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1))
+    return device, link
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,6 +138,4 @@ def _measure() -> tuple[DeviceSpec, LinkSpec]:
 
 
 def _memory_gib() -> float:
-    import os
-
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30

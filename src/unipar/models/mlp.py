@@ -25,6 +25,7 @@ class MLPConfig:
             name="mlp",
             factory=functools.partial(MLP, self),
             sample_shape=(self.in_features,),
+            input_dtype=torch.float32,
             hidden=self.hidden,
             tp_divisibility=(("expansion * hidden", self.expansion * self.hidden),),
         )

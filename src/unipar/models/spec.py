@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 
@@ -12,8 +13,9 @@ from torch import nn
 class ModelSpec:
     """A model factory with one sample's input shape.
 
-    ``hidden``: residual width (tells replicated from sharded tensors under tensor
-    parallelism); ``tp_divisibility``: sizes the tensor-parallel degree must divide.
+    ``input_dtype``: of the sample (token ids by default). ``hidden``: residual width
+    (tells replicated from sharded tensors under tensor parallelism);
+    ``tp_divisibility``: sizes the tensor-parallel degree must divide.
     """
 
     name: str
@@ -22,3 +24,4 @@ class ModelSpec:
     hidden: int | None = None
     tp_divisibility: tuple[tuple[str, int], ...] = ()
     tokens_per_sample: int = 1
+    input_dtype: torch.dtype = torch.long

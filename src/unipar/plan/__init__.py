@@ -20,6 +20,8 @@ _PLANNER = {
     "PlanReport": "unipar.plan.report",
     "search": "unipar.plan.strategy_search",
     "Constraints": "unipar.plan.strategy_search",
+    "Strategy": "unipar.plan.presets",
+    "plan_job": "unipar.plan.for_job",
 }
 
 
@@ -34,7 +36,9 @@ __all__ = [
     "Plan",
     "PlanReport",
     "Recompute",
+    "Strategy",
     "TensorParallelStyle",
     "plan",
+    "plan_job",
     "search",
 ]

@@ -128,6 +128,7 @@ def plan(
     profile = analyze(
         model.factory,
         model.sample_shape,
+        input_dtype=model.input_dtype,
         hidden=model.hidden,
         tp_divisibility=model.tp_divisibility,
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 from unipar.errors import CheckpointError, ConfigError
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.plan.presets import Strategy
 from unipar.ray_session import ray_session
 from unipar.runtime.checkpoint import ensure_writable, list_checkpoints, resolve_resume_path
 from unipar.runtime.config import RunConfig, default_run_dir
@@ -29,6 +30,7 @@ class FitResult:
     failures: int
     wall_time_s: float
     plan: Plan
+    explanation: str | None = None  # the planner's, when it chose the plan
 
     @property
     def losses(self) -> list[float]:
@@ -56,7 +58,7 @@ def fit(
     job: Job,
     *,
     workers: int = 2,
-    plan: Plan | None = None,
+    plan: Plan | Strategy | str | None = None,
     cpus_per_worker: float = 1.0,
     gpus_per_worker: float = 0.0,
     run_dir: str | Path | None = None,
@@ -70,6 +72,10 @@ def fit(
     callbacks: Sequence[Callback] = (),
 ) -> FitResult:
     """Train ``job`` on ``workers`` Ray worker processes and return its history.
+
+    ``plan``: a :class:`Plan`; or a :class:`Strategy` (``"auto"``, ``"ddp"``, ``"fsdp"``,
+    ``"tp"``, ``"pp"``) for the planner to complete on the connected cluster, its
+    explanation printed before training; ``None``: data parallel over ``workers``.
 
     Joins the Ray instance of this process if there is one, else ``address``, else
     starts an embedded local cluster. Every input is checked before anything is
@@ -89,20 +95,22 @@ def fit(
         address=address,
         progress=progress,
     )
-    plan = plan or Plan.data_parallel(workers, job.global_batch_size)
-    if plan.global_batch_size != job.global_batch_size:
-        raise ConfigError(
-            f"the plan's global batch (microbatch_size={plan.microbatch_size} x "
-            f"num_microbatches={plan.num_microbatches} x data replicas="
-            f"{plan.mesh.data_replicas} = {plan.global_batch_size}) must equal the job's "
-            f"global_batch_size={job.global_batch_size}; adjust one of them"
-        )
+    strategy = None if plan is None or isinstance(plan, Plan) else Strategy.parse(plan)
+    if plan is None:
+        plan = Plan.data_parallel(workers, job.global_batch_size)
+    if isinstance(plan, Plan):
+        _check_plan(job, plan)
     resume_from = _resume_point(config)
     ensure_writable(config.checkpoints)
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
     started = time.perf_counter()
+    explanation = None
     with ray_session(address):
         check_cluster_resources(config)
+        if strategy is not None:
+            plan, explanation = _plan_on_live_cluster(job, config, strategy)
+            if progress:
+                print(explanation, flush=True)
         controller = Controller(
             job, plan, config, resume_from=resume_from, metrics=metrics, callbacks=callbacks
         )
@@ -120,7 +128,32 @@ def fit(
         failures=controller.state.failures,
         wall_time_s=time.perf_counter() - started,
         plan=plan,
+        explanation=explanation,
     )
+
+
+def _check_plan(job: Job, plan: Plan) -> None:
+    if plan.global_batch_size != job.global_batch_size:
+        raise ConfigError(
+            f"the plan's global batch (microbatch_size={plan.microbatch_size} x "
+            f"num_microbatches={plan.num_microbatches} x data replicas="
+            f"{plan.mesh.data_replicas} = {plan.global_batch_size}) must equal the job's "
+            f"global_batch_size={job.global_batch_size}; adjust one of them"
+        )
+
+
+def _plan_on_live_cluster(job: Job, config: RunConfig, strategy: Strategy) -> tuple[Plan, str]:
+    """The planner's choice for ``job`` on the connected cluster, and its explanation."""
+    from unipar.cluster.live import live_cluster_spec
+    from unipar.plan.for_job import plan_job
+
+    cluster = live_cluster_spec(
+        config.workers,
+        cpus_per_worker=config.cpus_per_worker,
+        gpus_per_worker=config.gpus_per_worker,
+    )
+    report = plan_job(job, cluster, strategy)
+    return report.best.plan, report.explain()
 
 
 def _resume_point(config: RunConfig) -> Path | None:

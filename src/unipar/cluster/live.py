@@ -1,0 +1,40 @@
+"""The running Ray cluster as a :class:`ClusterSpec`, for ``--strategy auto``."""
+
+from __future__ import annotations
+
+import math
+
+from unipar.cluster.spec import PRESETS, ClusterSpec
+from unipar.errors import ResourceError
+
+# Ray's accelerator_type resource names -> presets with that device.
+_GPU_PRESETS = {"H100": "h100-80g", "H200": "h100-80g", "A100": "a100-80g", "V100": "v100-16g"}
+
+
+def live_cluster_spec(
+    workers: int, *, cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0
+) -> ClusterSpec:
+    """``workers`` devices of the connected Ray cluster, as many per node as its largest
+    node holds. GPUs take the preset of their type (Ray's ``accelerator_type``); CPU
+    workers are this machine's CPU, calibrated once and cached."""
+    import ray
+
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    if gpus_per_worker > 0:
+        per_node = max(int(r.get("GPU", 0) // gpus_per_worker) for r in nodes)
+    else:
+        per_node = max(int(r.get("CPU", 0) // cpus_per_worker) for r in nodes)
+    if per_node < 1:
+        raise ResourceError(
+            f"no Ray node can hold one worker (cpus_per_worker={cpus_per_worker}, "
+            f"gpus_per_worker={gpus_per_worker}); lower them or add nodes"
+        )
+    devices_per_node = max(d for d in range(1, min(per_node, workers) + 1) if workers % d == 0)
+    node_count = math.ceil(workers / devices_per_node)
+    if gpus_per_worker > 0:
+        types = {k.split(":", 1)[1] for r in nodes for k in r if k.startswith("accelerator_type:")}
+        name = next((_GPU_PRESETS[t] for t in sorted(types) if t in _GPU_PRESETS), "a100-80g")
+        return PRESETS[name].resized(node_count, devices_per_node)
+    from unipar.cluster.calibrate import calibrated_cpu_cluster
+
+    return calibrated_cpu_cluster(nodes=node_count, devices_per_node=devices_per_node)
