@@ -5,10 +5,14 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch import nn
+from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 from unipar.job import Job, OptimizerSpec
 from unipar.models.gpt import GPT, GPTConfig
+from unipar.models.llama import Llama, LlamaConfig
+from unipar.models.mlp import MLP, MLPConfig
 
 
 class RandomTokens(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -54,3 +58,89 @@ def tiny_gpt_job(
         optimizer=OptimizerSpec(lr=1e-3),
         seed=seed,
     )
+
+
+class RandomRegression(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """``size`` random feature vectors with targets from a fixed random linear map."""
+
+    def __init__(self, size: int, in_features: int, out_features: int, seed: int = 1234) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.inputs = torch.randn(size, in_features, generator=generator)
+        weight = torch.randn(in_features, out_features, generator=generator)
+        self.targets = torch.tanh(self.inputs @ weight)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inputs[index], self.targets[index]
+
+
+def mse_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(outputs, targets)
+
+
+class UserBlock(nn.Module):
+    """A residual MLP block as a user might write it (no unipar code in it)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, 4 * width)
+        self.fc2 = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+class UserModel(nn.Module):
+    """A user's own model: input layer, a ``ModuleList`` of blocks, output layer, and a
+    plain forward that does not know about pipeline stages."""
+
+    def __init__(self, in_features: int = 16, width: int = 32, depth: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Linear(in_features, width)
+        self.blocks = nn.ModuleList(UserBlock(width) for _ in range(depth))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _job(name: str, model, dataset, loss=None, steps: int = 10, batch: int = 8) -> Job:  # type: ignore[no-untyped-def]
+    extra = {"loss": loss} if loss is not None else {}
+    return Job(
+        name=name,
+        model=model,
+        dataset=dataset,
+        global_batch_size=batch,
+        steps=steps,
+        optimizer=OptimizerSpec(lr=1e-3),
+        **extra,
+    )
+
+
+def tiny_llama_job(*, steps: int = 10, global_batch_size: int = 8) -> Job:
+    config = LlamaConfig(
+        vocab_size=64, seq_len=16, hidden=32, layers=2, heads=4, kv_heads=2, ffn_hidden=64
+    )
+    dataset = functools.partial(RandomTokens, 256, config.seq_len, config.vocab_size)
+    return _job(
+        "tiny-llama", functools.partial(Llama, config), dataset, None, steps, global_batch_size
+    )
+
+
+def tiny_mlp_job(*, steps: int = 10, global_batch_size: int = 8) -> Job:
+    config = MLPConfig(in_features=16, hidden=32, layers=2, out_features=4, expansion=4)
+    dataset = functools.partial(RandomRegression, 256, 16, 4)
+    return _job(
+        "tiny-mlp", functools.partial(MLP, config), dataset, mse_loss, steps, global_batch_size
+    )
+
+
+def user_model_job(*, steps: int = 10, global_batch_size: int = 8, model=UserModel) -> Job:  # type: ignore[no-untyped-def]
+    dataset = functools.partial(RandomRegression, 256, 16, 4)
+    return _job("user-model", model, dataset, mse_loss, steps, global_batch_size)

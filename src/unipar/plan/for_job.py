@@ -37,9 +37,7 @@ def job_model_spec(job: Job) -> ModelSpec:
     )
 
 
-def plan_job(
-    job: Job, cluster: ClusterSpec, strategy: Strategy = Strategy.AUTO
-) -> PlanReport:
+def plan_job(job: Job, cluster: ClusterSpec, strategy: Strategy = Strategy.AUTO) -> PlanReport:
     """The planner's report for ``job`` on all of ``cluster``'s devices."""
     constraints = constraints_for(strategy, cluster.num_devices)
     return plan(job_model_spec(job), cluster, job.global_batch_size, constraints=constraints)

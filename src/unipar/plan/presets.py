@@ -34,7 +34,7 @@ def constraints_for(strategy: Strategy, workers: int) -> Constraints:
     if strategy is Strategy.AUTO:
         return Constraints()
     axes = {"dp": 1, "fsdp": 1, "tp": 1, "pp": 1}
-    axes[{Strategy.DDP: "dp", Strategy.FSDP: "fsdp", Strategy.TP: "tp", Strategy.PP: "pp"}[
-        strategy
-    ]] = workers
+    axes[
+        {Strategy.DDP: "dp", Strategy.FSDP: "fsdp", Strategy.TP: "tp", Strategy.PP: "pp"}[strategy]
+    ] = workers
     return Constraints(**axes)

@@ -85,9 +85,7 @@ def pipeline_cut_points(profile: ModelProfile) -> list[int]:
     return blocks[1:]
 
 
-def stage_partition(
-    profile: ModelProfile, weights: Sequence[float], parts: int
-) -> list[list[int]]:
+def stage_partition(profile: ModelProfile, weights: Sequence[float], parts: int) -> list[list[int]]:
     """The layers of each of ``parts`` stages, cut only at :func:`pipeline_cut_points`,
     minimising the heaviest stage's summed ``weights``."""
     if parts == 1:

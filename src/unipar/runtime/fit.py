@@ -100,6 +100,7 @@ def fit(
         plan = Plan.data_parallel(workers, job.global_batch_size)
     if isinstance(plan, Plan):
         _check_plan(job, plan)
+        _check_model_takes_plan(job, plan)
     resume_from = _resume_point(config)
     ensure_writable(config.checkpoints)
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
@@ -142,6 +143,25 @@ def _check_plan(job: Job, plan: Plan) -> None:
         )
 
 
+def _check_model_takes_plan(job: Job, plan: Plan) -> None:
+    """Refuse, before any worker starts, a tensor or pipeline parallel plan the job's
+    model cannot take (built on the meta device: no memory, no compute). A model
+    factory that fails here is left for the workers to report."""
+    if plan.mesh.tp == 1 and plan.mesh.pp == 1:
+        return
+    import torch
+
+    from unipar.analysis.profile import SkipInPlaceOnMeta
+    from unipar.runtime.parallelize import check_plan_for_model
+
+    try:
+        with torch.device("meta"), SkipInPlaceOnMeta():
+            model = job.model()
+    except Exception:
+        return
+    check_plan_for_model(model, plan)
+
+
 def _plan_on_live_cluster(job: Job, config: RunConfig, strategy: Strategy) -> tuple[Plan, str]:
     """The planner's choice for ``job`` on the connected cluster, and its explanation."""
     from unipar.cluster.live import live_cluster_spec
@@ -153,6 +173,7 @@ def _plan_on_live_cluster(job: Job, config: RunConfig, strategy: Strategy) -> tu
         gpus_per_worker=config.gpus_per_worker,
     )
     report = plan_job(job, cluster, strategy)
+    _check_model_takes_plan(job, report.best.plan)
     return report.best.plan, report.explain()
 
 

@@ -168,9 +168,9 @@ def parallelize(
     device_mesh = _device_mesh(plan, device)
     if mesh.pp > 1:
         chunks = stage_cuts.stage_layer_names(whole, plan)
-        stage_cuts.check_stages_compose(reference, chunks, sample)
+        removal = stage_cuts.removal_for(reference, chunks, sample)
         indices = stage_cuts.stage_indices(plan, coordinates.pp)
-        parts = [stage_cuts.build_stage(whole, chunks[i]) for i in indices]
+        parts = [stage_cuts.build_stage(whole, chunks[i], removal) for i in indices]
     else:
         indices, parts = [0], [whole]
     roles = tensor_parallel_roles(whole, plan) if mesh.tp > 1 else {}

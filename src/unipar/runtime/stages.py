@@ -4,15 +4,16 @@ The layers are the planner's: top-level children in definition order, with
 ``ModuleList`` / ``ModuleDict`` / ``Sequential`` containers expanded
 (:func:`unipar.analysis.profile.layer_sequence`). A stage is a copy of the model that
 keeps its own layers under their original names, so parameter names (and so
-checkpoints) are the same under every plan. A removed layer becomes ``None`` (a
-top-level child, which the model's ``forward`` skips, the torchtitan convention) or
-is deleted (an item of a ``ModuleDict``, whose loop then does not visit it) or becomes
-``nn.Identity`` (an item of a ``ModuleList`` / ``Sequential``, which keeps the indices
-of the others).
+checkpoints) are the same under every plan. A removed item of a ``ModuleDict`` is
+deleted (its loop then does not visit it); of a ``ModuleList`` / ``Sequential``, it
+becomes ``nn.Identity`` (keeping the others' indices). A removed top-level layer
+becomes ``None`` (the torchtitan convention: ``forward`` skips it) or, for a model
+whose ``forward`` calls it unconditionally, ``nn.Identity`` (it passes the previous
+stage's activations through).
 
-Whether a model's ``forward`` tolerates this is checked, not assumed:
-:func:`check_stages_compose` runs the stages one after the other on a real sample and
-compares the result with the whole model's.
+Which of the two a model's ``forward`` takes is found out, not assumed:
+:func:`removal_for` runs the stages one after the other on a real sample and keeps
+the first way that gives the whole model's output.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import contextlib
 import copy
 import itertools
 from collections.abc import Iterator, Sequence
+from enum import Enum
 
 import torch
 from torch import nn
@@ -79,9 +81,16 @@ def check_pipeline_layers(model: nn.Module, plan: Plan) -> None:
                 )
 
 
+class Removal(Enum):
+    """What a removed top-level layer becomes."""
+
+    NONE = "none"
+    IDENTITY = "identity"
+
+
 def set_layer(model: nn.Module, name: str, layer: nn.Module | None) -> None:
-    """Put ``layer`` in place of the layer called ``name``; ``None`` removes it (see the
-    module docstring for what removal means in each kind of container)."""
+    """Put ``layer`` in place of the layer called ``name``; ``None`` removes it from a
+    container (deleted from a ``ModuleDict``, ``nn.Identity`` in a list)."""
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     if isinstance(parent, nn.ModuleDict):
@@ -95,21 +104,23 @@ def set_layer(model: nn.Module, name: str, layer: nn.Module | None) -> None:
         setattr(parent, child, layer)
 
 
-def _remove(model: nn.Module, name: str) -> None:
-    set_layer(model, name, None)
+def _remove(model: nn.Module, name: str, removal: Removal) -> None:
+    top_level = "." not in name
+    replacement = nn.Identity() if top_level and removal is Removal.IDENTITY else None
+    set_layer(model, name, replacement)
 
 
-def build_stage(model: nn.Module, keep: Sequence[str]) -> nn.Module:
+def build_stage(model: nn.Module, keep: Sequence[str], removal: Removal) -> nn.Module:
     """A deep copy of ``model`` (usually on the meta device) holding only ``keep``."""
     stage = copy.deepcopy(model)
     for name, _ in layer_sequence(model):
         if name not in keep:
-            _remove(stage, name)
+            _remove(stage, name, removal)
     return stage
 
 
 @contextlib.contextmanager
-def _only(model: nn.Module, keep: Sequence[str]) -> Iterator[None]:
+def _only(model: nn.Module, keep: Sequence[str], removal: Removal) -> Iterator[None]:
     """Temporarily remove the layers not in ``keep`` from ``model`` itself (no copy)."""
     saved = []
     for name, _ in layer_sequence(model):
@@ -117,7 +128,7 @@ def _only(model: nn.Module, keep: Sequence[str]) -> Iterator[None]:
             parent_name = name.rpartition(".")[0]
             parent = model.get_submodule(parent_name) if parent_name else model
             saved.append((parent, dict(parent._modules)))
-            _remove(model, name)
+            _remove(model, name, removal)
     try:
         yield
     finally:
@@ -127,36 +138,48 @@ def _only(model: nn.Module, keep: Sequence[str]) -> Iterator[None]:
 
 
 @torch.no_grad()
-def check_stages_compose(model: nn.Module, stages: list[list[str]], sample: torch.Tensor) -> None:
-    """Run the stages of ``model`` one after another on ``sample`` and require the whole
-    model's output: the proof that the model's ``forward`` skips removed layers."""
+def removal_for(model: nn.Module, stages: list[list[str]], sample: torch.Tensor) -> Removal:
+    """How to remove layers from ``model`` so that its ``stages``, run one after another
+    on ``sample``, give the whole model's output; a clear error if no way does."""
     was_training = model.training
     model.eval()
     try:
         expected = model(sample)
-        h = sample
-        for index, keep in enumerate(stages):
-            with _only(model, keep):
-                try:
-                    h = model(h)
-                except Exception as error:
-                    raise UnsupportedPlanError(
-                        f"pipeline stage {index} (layers {keep[0]}..{keep[-1]}) of "
-                        f"{type(model).__name__} failed with {type(error).__name__}: {error}. "
-                        "Pipeline parallel runs the model's forward with the other stages' "
-                        "layers removed (top-level layers set to None); its forward must skip "
-                        "a layer that is None (`if self.norm is not None: ...`) and take the "
-                        f"previous stage's output as input. Otherwise use {_STRATEGIES_WITHOUT_PP}"
-                    ) from error
+        failures = []
+        for removal in Removal:
+            failure = _compose_failure(model, stages, sample, expected, removal)
+            if failure is None:
+                return removal
+            failures.append(f"with removed layers set to {removal.value}: {failure}")
     finally:
         model.train(was_training)
+    raise UnsupportedPlanError(
+        f"pipeline parallel runs {type(model).__name__}'s forward once per stage with the "
+        "other stages' layers removed, but its stages do not compose into the whole model ("
+        + "; ".join(failures)
+        + "). Its forward must run its layers in sequence, taking the previous stage's "
+        "output as input, and skip a removed layer (`if self.norm is not None`) or pass "
+        f"through it. Otherwise use {_STRATEGIES_WITHOUT_PP}"
+    )
+
+
+def _compose_failure(
+    model: nn.Module,
+    stages: list[list[str]],
+    sample: torch.Tensor,
+    expected: torch.Tensor,
+    removal: Removal,
+) -> str | None:
+    h = sample
+    for index, keep in enumerate(stages):
+        with _only(model, keep, removal):
+            try:
+                h = model(h)
+            except Exception as error:
+                return f"stage {index} raised {type(error).__name__}: {error}"
     if h.shape != expected.shape or not torch.allclose(h, expected, rtol=1e-4, atol=1e-5):
-        raise UnsupportedPlanError(
-            f"running {type(model).__name__}'s {len(stages)} pipeline stages one after another "
-            "does not give the whole model's output (largest difference "
-            f"{_difference(h, expected)}): its forward does more than run its layers in "
-            f"sequence (e.g. combines two layers' outputs). Use {_STRATEGIES_WITHOUT_PP}"
-        )
+        return f"output differs ({_difference(h, expected)})"
+    return None
 
 
 def _difference(a: torch.Tensor, b: torch.Tensor) -> str:
