@@ -11,6 +11,7 @@ from pathlib import Path
 
 from unipar.errors import ConfigError, UniparError
 from unipar.job import Job
+from unipar.plan import Plan, Strategy
 from unipar.plan_cli import add_plan_parser
 
 
@@ -81,6 +82,7 @@ def _fit_and_report(job: Job, args: argparse.Namespace) -> int:
     result = fit(
         job,
         workers=args.workers,
+        plan=_strategy(args.strategy),
         cpus_per_worker=args.cpus_per_worker,
         gpus_per_worker=args.gpus_per_worker,
         run_dir=args.run_dir,
@@ -95,6 +97,20 @@ def _fit_and_report(job: Job, args: argparse.Namespace) -> int:
     return 0
 
 
+def _strategy(value: str) -> Plan | Strategy:
+    """``auto``/``ddp``/``fsdp``/``tp``/``pp``, or the path of a plan's JSON file."""
+    if value.endswith(".json"):
+        path = Path(value)
+        try:
+            return Plan.from_json(path.read_text())
+        except OSError as error:
+            raise ConfigError(
+                f"cannot read the plan file {path} ({error.strerror or error}); pass a plan "
+                "written by `unipar plan ... --json`, or a strategy name"
+            ) from error
+    return Strategy.parse(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="unipar", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -106,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="built-in recipe name or a .py file defining `job`",
     )
     train.add_argument("--workers", type=int, default=2)
+    train.add_argument(
+        "--strategy",
+        default="auto",
+        help="auto (the planner chooses and explains), ddp, fsdp, tp, pp (the planner "
+        "completes that strategy), or PLAN.json (a plan as written by Plan.to_json)",
+    )
     train.add_argument(
         "--address",
         default=None,

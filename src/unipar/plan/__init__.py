@@ -12,6 +12,7 @@ from unipar.plan.representation import (
     PipelineSchedule,
     Plan,
     Recompute,
+    Strategy,
     TensorParallelStyle,
 )
 
@@ -20,7 +21,6 @@ _PLANNER = {
     "PlanReport": "unipar.plan.report",
     "search": "unipar.plan.strategy_search",
     "Constraints": "unipar.plan.strategy_search",
-    "Strategy": "unipar.plan.presets",
     "plan_job": "unipar.plan.for_job",
 }
 

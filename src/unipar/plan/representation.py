@@ -40,6 +40,29 @@ class GradSync(Enum):
     PARAMETER_SERVER = "parameter_server"
 
 
+class Strategy(Enum):
+    """A named strategy: constraints on the planner, not a separate code path
+    (``auto`` pins nothing)."""
+
+    AUTO = "auto"
+    DDP = "ddp"  # every worker a full replica, gradients all-reduced
+    FSDP = "fsdp"  # every worker a shard of parameters, gradients and optimizer state
+    TP = "tp"  # every layer split over all workers
+    PP = "pp"  # the layers cut into one stage per worker
+
+    @classmethod
+    def parse(cls, value: str | Strategy) -> Strategy:
+        if isinstance(value, Strategy):
+            return value
+        try:
+            return cls(value.lower())
+        except ValueError:
+            choices = ", ".join(s.value for s in cls)
+            raise ConfigError(
+                f"strategy must be one of {choices} or a plan's JSON file, but got {value!r}"
+            ) from None
+
+
 @dataclass(frozen=True)
 class Mesh:
     """Sizes of the named mesh axes; their product is the number of workers."""

@@ -246,6 +246,14 @@ def check_constraints(
                 f"{cluster.devices_per_node}; choose tp among "
                 f"{_divisors(cluster.devices_per_node)}"
             )
+    if fixed.pp is not None and fixed.pp > max(1, profile.num_blocks):
+        raise ConfigError(
+            f"pipeline stages are runs of whole blocks (layers with sub-layers), but got "
+            f"pp={fixed.pp} for a model with {profile.num_blocks} block(s) among its layers "
+            f"{[layer.name for layer in profile.layers]}; choose pp <= "
+            f"{max(1, profile.num_blocks)}, build the model from repeated blocks, or use dp, "
+            "fsdp or tp"
+        )
     sizes = {"tp": fixed.tp, "pp": fixed.pp, "dp": fixed.dp, "fsdp": fixed.fsdp}
     pinned = {k: v for k, v in sizes.items() if v is not None}
     used = 1

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from unipar.errors import CheckpointError, ConfigError
 from unipar.job import Job
-from unipar.plan import Plan
-from unipar.plan.presets import Strategy
+from unipar.plan import Plan, Strategy
 from unipar.ray_session import ray_session
 from unipar.runtime.checkpoint import ensure_writable, list_checkpoints, resolve_resume_path
 from unipar.runtime.config import RunConfig, default_run_dir
