@@ -50,3 +50,13 @@ def test_bad_plan_json_names_the_field():
         Plan.from_dict({"schedule": "zigzag"})
     with pytest.raises(ConfigError, match="mesh axis tp must be an int >= 1, but got 0"):
         Plan.from_dict({"mesh": {"tp": 0}})
+
+
+def test_mesh_coordinates_put_tp_innermost():
+    from unipar.plan import Mesh
+
+    mesh = Mesh(pp=2, dp=1, fsdp=2, tp=2)
+    seen = {mesh.coordinates(rank) for rank in range(8)}
+    assert len(seen) == 8
+    assert [mesh.coordinates(r).tp for r in range(4)] == [0, 1, 0, 1]
+    assert mesh.coordinates(5) == type(mesh.coordinates(0))(pp=1, dp=0, fsdp=0, tp=1)

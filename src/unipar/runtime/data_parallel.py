@@ -44,9 +44,9 @@ def apply_fully_shard(model: nn.Module, plan: Plan, device_mesh: Any) -> nn.Modu
     return model
 
 
-def apply_ddp(model: nn.Module, device: torch.device, process_group: Any = None) -> nn.Module:
-    """Wrap a materialised ``model`` in DDP over ``process_group`` (default: all ranks)."""
+def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    """Wrap a materialised ``model`` in DDP over all ranks."""
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, process_group=process_group)
+    return DistributedDataParallel(model, device_ids=device_ids)
