@@ -32,7 +32,7 @@ def _all_partitions(n, parts, allowed_cuts=None):
 def _every_plan(profile, devices_per_node, devices, batch, heads):
     """The space, written out independently: tp within a node dividing the heads; pp up
     to the number of blocks; dp all-reduce, or fsdp with ZeRO-2 or ZeRO-3; every
-    microbatch size; GPipe, 1F1B, interleaved (v = 2 or 4, m a multiple of pp)."""
+    microbatch size; GPipe, 1F1B (m >= pp), interleaved (v = 2 or 4, m a multiple of pp)."""
     for tp, pp in itertools.product(_divisors(devices_per_node), _divisors(devices)):
         if heads % tp or devices % (tp * pp) or pp > profile.num_blocks:
             continue
@@ -51,7 +51,7 @@ def _every_plan(profile, devices_per_node, devices, batch, heads):
                 if pp == 1
                 else [
                     (PipelineSchedule.GPIPE, 1),
-                    (PipelineSchedule.ONE_F_ONE_B, 1),
+                    *([(PipelineSchedule.ONE_F_ONE_B, 1)] if m >= pp else []),
                     *[
                         (PipelineSchedule.INTERLEAVED_1F1B, v)
                         for v in (2, 4)

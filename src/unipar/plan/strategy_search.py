@@ -156,6 +156,8 @@ def _schedules(mesh: Mesh, profile: ModelProfile, m: int, fixed: Constraints):  
     for schedule in PipelineSchedule:
         if fixed.schedule not in (None, schedule):
             continue
+        if schedule is PipelineSchedule.ONE_F_ONE_B and m < mesh.pp:
+            continue  # 1F1B's warm-up needs a micro-batch per stage (as torch requires)
         if schedule is not PipelineSchedule.INTERLEAVED_1F1B:
             yield schedule, 1
             continue
