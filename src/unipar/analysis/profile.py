@@ -59,6 +59,7 @@ class LayerProfile:
     saved_elems_sharded: float
     saved_elems_replicated: float
     output_elems: float
+    splittable_modules: int = 0  # nn.Linear and nn.Embedding inside: what tp splits
 
     @property
     def backward_flops(self) -> float:
@@ -322,6 +323,9 @@ def _profile(sequence, recorder, hidden, tp_divisibility) -> ModelProfile:  # ty
                 saved_elems_sharded=s["saved_sharded"],
                 saved_elems_replicated=s["saved_replicated"],
                 output_elems=s["output"],
+                splittable_modules=sum(
+                    isinstance(m, (nn.Linear, nn.Embedding)) for m in module.modules()
+                ),
             )
         )
     return ModelProfile(tuple(layers), hidden, tuple(tp_divisibility))

@@ -1,7 +1,6 @@
-"""Measure this machine's CPU as a planning target: matmul rate, memory bandwidth and
-loopback TCP bandwidth (what gloo uses between local processes), in about a second.
-
-Runs in the calling process only: two threads and a loopback socket, no workers.
+"""Measure this machine's CPU as a planning target: matmul rate, the rate of memory-bound
+kernels, and, on two gloo worker processes, collectives and the framework's own cost per
+operation (:mod:`unipar.cluster.calibrate_group`). Measured once, then cached.
 """
 
 from __future__ import annotations
@@ -12,7 +11,8 @@ import json
 import os
 import platform
 import socket
-import threading
+import subprocess
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -42,48 +42,31 @@ def measure_matmul_flops(size: int = 512, threads: int = 1) -> float:
         torch.set_num_threads(previous)
 
 
-def measure_small_op_seconds() -> float:
-    """Fixed cost of one tiny operation (dispatch overhead)."""
-    x = torch.ones(8)
-    return _best_time(lambda: [x.add(1) for _ in range(200)]) / 200
+def measure_elementwise_bandwidth(megabytes: int = 4, threads: int = 1) -> float:
+    """Bytes read and written per second by the memory-bound kernels of training (GELU,
+    layer norm, softmax, add), forward and backward, on ``megabytes`` of float32: what
+    the cost model's roofline uses for non-matmul ops, which on CPUs run well below the
+    copy bandwidth."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rows = megabytes * 2**20 // 4 // 256
+        x = torch.randn(rows, 256, requires_grad=True)
+        norm = torch.nn.LayerNorm(256)
 
+        def kernels() -> None:
+            y = torch.nn.functional.gelu(x)
+            y = norm(y) + x
+            y = torch.softmax(y, dim=-1)
+            y.sum().backward()
 
-def measure_memory_bandwidth(megabytes: int = 64) -> float:
-    src = torch.empty(megabytes * 2**20, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / _best_time(lambda: dst.copy_(src))  # read + write
-
-
-def measure_loopback_bandwidth(megabytes: int = 32) -> tuple[float, float]:
-    """(bytes/s, round-trip latency s) of TCP over the loopback interface."""
-    payload = b"\0" * (megabytes * 2**20)
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-
-    def sink() -> None:
-        conn, _ = server.accept()
-        with conn:
-            received = 0
-            while received < len(payload):
-                received += len(conn.recv(1 << 20))
-            conn.sendall(b"k")
-            conn.recv(1)
-            conn.sendall(b"k")
-
-    thread = threading.Thread(target=sink, daemon=True)
-    thread.start()
-    with socket.create_connection(("127.0.0.1", port)) as client:
-        start = time.perf_counter()
-        client.sendall(payload)
-        client.recv(1)
-        bandwidth = len(payload) / (time.perf_counter() - start)
-        start = time.perf_counter()
-        client.sendall(b"k")
-        client.recv(1)
-        latency = time.perf_counter() - start
-    thread.join()
-    server.close()
-    return bandwidth, latency
+        seconds = _best_time(kernels)
+        # Forward: 4 kernels of one read and one write (add: two reads); backward: about
+        # twice the forward's traffic (Narayanan et al. 2021's 2x, applied to bytes).
+        moved = 3 * (4 * 2 + 1) * x.numel() * 4
+        return moved / seconds
+    finally:
+        torch.set_num_threads(previous)
 
 
 def calibrated_cpu_cluster(
@@ -91,15 +74,20 @@ def calibrated_cpu_cluster(
 ) -> ClusterSpec:
     """This machine as a cluster of ``devices_per_node`` single-thread CPU workers.
 
-    Measured once per machine: the numbers are kept in ``cache_dir`` (default
-    ``~/.cache/unipar``), keyed by host, core count and torch version."""
+    Measured once per machine (about 20 s: one process for arithmetic, then two gloo
+    processes for collectives and the framework's per-operation costs) and kept in
+    ``cache_dir`` (default ``~/.cache/unipar``), keyed by host, core count and torch
+    version."""
     device, link = _cached_measurement(cache_dir or Path.home() / ".cache" / "unipar")
     device = replace(device, memory_gib=device.memory_gib / devices_per_node)
     return ClusterSpec("cpu", nodes, devices_per_node, device, link, link)
 
 
+_CACHE_VERSION = 6
+
+
 def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
-    key = f"{platform.node()}-{os.cpu_count()}-{torch.__version__}"
+    key = f"v{_CACHE_VERSION}-{platform.node()}-{os.cpu_count()}-{torch.__version__}"
     path = cache_dir / f"cpu-calibration-{key}.json"
     try:
         data = json.loads(path.read_text())
@@ -121,20 +109,56 @@ def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
 
 @functools.lru_cache(maxsize=1)
 def _measure() -> tuple[DeviceSpec, LinkSpec]:
-    flops = measure_matmul_flops()
-    bandwidth, latency = measure_loopback_bandwidth()
+    group = measure_group()
+    flops = group["matmul_flops"]  # the best of the sizes small models use
     device = DeviceSpec(
         name="cpu-thread",
         memory_gib=_memory_gib(),
         peak_flops_16bit=flops,  # the CPU build has no faster 16-bit path to count on
         peak_flops_32bit=flops,
-        memory_bandwidth=measure_memory_bandwidth(),
+        memory_bandwidth=group["elementwise_bandwidth"],
+        optimizer_bandwidth=group["optimizer_bandwidth"],
         gemm_efficiency=1.0,  # the peak above is itself a measured matmul rate
-        kernel_overhead_s=measure_small_op_seconds(),
+        kernel_overhead_s=group["op_overhead_s"],
         reserved_gib=0.5,
         precision=Precision.FP32,  # CPU training runs in float32
+        sharded_op_overhead_s=group["sharded_linear_overhead_s"],
+        fsdp_unit_overhead_s=group["fsdp_unit_overhead_s"],
     )
-    return device, LinkSpec(bandwidth=bandwidth, latency_s=latency / 2)
+    link = LinkSpec(bandwidth=group["allreduce_bandwidth"], latency_s=group["allreduce_latency_s"])
+    return device, link
+
+
+def measure_group(world: int = 2, timeout_s: float = 300) -> dict[str, float]:
+    """Run :mod:`unipar.cluster.calibrate_group` on ``world`` local processes."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "unipar.cluster.calibrate_group"]
+    others = [
+        subprocess.Popen(
+            [*command, str(rank), str(world), str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for rank in range(1, world)
+    ]
+    try:
+        done = subprocess.run(
+            [*command, "0", str(world), str(port)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    finally:
+        for process in others:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=30)
+            process.kill()
+    if done.returncode != 0:
+        raise RuntimeError(f"calibrating {world} CPU workers failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _memory_gib() -> float:

@@ -33,6 +33,10 @@ class DeviceSpec:
     ``kernel_overhead_s``: fixed cost of one operation (launch and tail), which makes
     small operations reach less of the peak: an op of ``f`` FLOPs takes
     ``f / (peak * gemm_efficiency) + kernel_overhead_s``.
+    ``sharded_op_overhead_s`` and ``fsdp_unit_overhead_s``: the framework's own time
+    per tensor-parallel linear layer and per FSDP unit, per pass, beyond arithmetic and
+    collectives (DTensor dispatch, hooks, copies). Measured for CPU workers; zero for
+    GPUs, where this host-side work runs ahead of the kernels and hides behind them.
     ``reserved_gib``: memory the framework and runtime take before the model (context,
     communication buffers, allocator fragmentation).
     """
@@ -46,6 +50,9 @@ class DeviceSpec:
     kernel_overhead_s: float
     reserved_gib: float
     precision: Precision = Precision.BF16
+    sharded_op_overhead_s: float = 0.0
+    fsdp_unit_overhead_s: float = 0.0
+    optimizer_bandwidth: float | None = None  # bytes/s of the optimizer step (None: HBM)
 
     @property
     def peak_flops(self) -> float:

@@ -31,7 +31,13 @@ import numpy as np
 
 from unipar.analysis.profile import LayerKind, LayerProfile, ModelProfile
 from unipar.cluster.spec import GIB, ClusterSpec, LinkSpec
-from unipar.plan.representation import Mesh, PipelineSchedule, Plan, Recompute
+from unipar.plan.representation import (
+    Mesh,
+    PipelineSchedule,
+    Plan,
+    Recompute,
+    TensorParallelStyle,
+)
 
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master weights, Adam momentum and variance
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
@@ -145,12 +151,37 @@ def tp_allreduces(layer: LayerProfile) -> int:
     return {LayerKind.BLOCK: 2, LayerKind.EMBEDDING: 1}.get(layer.kind, 0)
 
 
-def layer_time(layer: LayerProfile, plan: Plan, cluster: ClusterSpec) -> tuple[float, float]:
+def tensor_parallel_styles(profile: ModelProfile) -> tuple[TensorParallelStyle, ...]:
+    """Megatron-style splits: blocks by heads and MLP width, the largest embedding and
+    the output projection by vocabulary, the rest replicated."""
+    embeddings = [x for x in profile.layers if x.kind is LayerKind.EMBEDDING]
+    token_embedding = max(embeddings, key=lambda x: x.params, default=None)
+    styles = []
+    for layer in profile.layers:
+        if layer.kind is LayerKind.BLOCK:
+            styles.append(TensorParallelStyle.MEGATRON)
+        elif layer is token_embedding or layer.kind is LayerKind.HEAD:
+            styles.append(TensorParallelStyle.VOCAB)
+        else:
+            styles.append(TensorParallelStyle.REPLICATE)
+    return tuple(styles)
+
+
+def layer_time(
+    layer: LayerProfile,
+    plan: Plan,
+    cluster: ClusterSpec,
+    style: TensorParallelStyle = TensorParallelStyle.REPLICATE,
+) -> tuple[float, float]:
     """(compute, tp communication) seconds of one microbatch through ``layer``: forward,
-    backward and, with full recompute, the forward again."""
+    backward and, with full recompute, the forward again. Under tensor parallelism a
+    split layer also pays the framework's cost per split module and pass."""
     tp, b = plan.mesh.tp, plan.microbatch_size
     passes = 3 + (plan.recompute is Recompute.FULL)
     compute = passes * layer_forward_time(layer, b, tp, cluster)
+    if tp > 1 and style is not TensorParallelStyle.REPLICATE:
+        split = layer.splittable_modules if style is TensorParallelStyle.MEGATRON else 1
+        compute += passes * split * cluster.device.sharded_op_overhead_s
     message = layer.output_elems * b * cluster.device.bytes_per_element
     one = ring_time(message, plan.mesh, "tp", cluster, fraction=2)
     comm_passes = 2 + (plan.recompute is Recompute.FULL)
@@ -228,13 +259,18 @@ class CostModel:
                 index[layer] = len(self.unique)
                 self.unique.append(layer)
             self.layer_index.append(index[layer])
+        styles = tensor_parallel_styles(profile)
+        self.unique_styles = [styles[profile.layers.index(layer)] for layer in self.unique]
         self._times: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._loads: dict[tuple, RankLoads] = {}
 
     def layer_times(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
         key = (plan.microbatch_size, plan.mesh.tp, plan.recompute)
         if key not in self._times:
-            pairs = [layer_time(layer, plan, self.cluster) for layer in self.unique]
+            pairs = [
+                layer_time(layer, plan, self.cluster, style)
+                for layer, style in zip(self.unique, self.unique_styles, strict=True)
+            ]
             self._times[key] = (np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
         return self._times[key]
 
@@ -276,6 +312,21 @@ def estimate(
     return CostModel(profile, cluster).estimate(plan, stages)
 
 
+def _fsdp_framework_time(model: CostModel, plan: Plan, loads: RankLoads) -> float:
+    """The framework's own time in FSDP units (hooks, copies into and out of the flat
+    buffers, the optimizer on sharded tensors): per unit, pass and micro-batch. The
+    runtime makes each block a unit, plus one for the rest of each stage, and uses FSDP
+    whenever data parallelism meets sharding, tensor or pipeline parallelism."""
+    mesh = plan.mesh
+    if mesh.data_replicas == 1 or (mesh.fsdp, mesh.tp, mesh.pp) == (1, 1, 1):
+        return 0.0
+    is_block = np.array([x.kind is LayerKind.BLOCK for x in model.unique], dtype=float)
+    units = float((loads.counts @ is_block).max()) + plan.virtual_stages
+    passes = 3 + (plan.recompute is Recompute.FULL)
+    overhead = model.cluster.device.fsdp_unit_overhead_s
+    return units * passes * plan.num_microbatches * overhead
+
+
 def _estimate(model: CostModel, plan: Plan, stages: list[list[int]]) -> Estimate:
     profile, cluster = model.profile, model.cluster
     mesh, device = plan.mesh, cluster.device
@@ -314,8 +365,9 @@ def _estimate(model: CostModel, plan: Plan, stages: list[list[int]]) -> Estimate
         sync += (1 + gathers) * one  # one reduce-scatter, then the all-gathers
     passes = 3 + (plan.recompute is Recompute.FULL)
     last_backward = float(rank_compute_all[0]) * 2 / passes
-    exposed_sync = max(0.0, sync - last_backward)
-    optimizer = stage_params / mesh.fsdp * ADAM_STEP_BYTES_PER_PARAM / device.memory_bandwidth
+    exposed_sync = max(0.0, sync - last_backward) + _fsdp_framework_time(model, plan, loads)
+    optimizer_bandwidth = device.optimizer_bandwidth or device.memory_bandwidth
+    optimizer = stage_params / mesh.fsdp * ADAM_STEP_BYTES_PER_PARAM / optimizer_bandwidth
     time = TimeBreakdown(
         compute_s=m * rank_compute,
         tp_comm_s=m * rank_tp,

@@ -18,8 +18,8 @@ import numpy as np
 from unipar.analysis.profile import LayerKind, ModelProfile
 from unipar.cluster.spec import ClusterSpec
 from unipar.errors import ConfigError
-from unipar.plan.cost import CostModel, Estimate, layer_time
-from unipar.plan.representation import Mesh, PipelineSchedule, Plan, Recompute, TensorParallelStyle
+from unipar.plan.cost import CostModel, Estimate, layer_time, tensor_parallel_styles
+from unipar.plan.representation import Mesh, PipelineSchedule, Plan, Recompute
 
 
 @dataclass(frozen=True)
@@ -94,22 +94,6 @@ def stage_partition(profile: ModelProfile, weights: Sequence[float], parts: int)
     units = [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
     grouped = balanced_partition([sum(weights[i] for i in unit) for unit in units], parts)
     return [[i for u in group for i in units[u]] for group in grouped]
-
-
-def tensor_parallel_styles(profile: ModelProfile) -> tuple[TensorParallelStyle, ...]:
-    """Megatron-style splits: blocks by heads and MLP width, the largest embedding and
-    the output projection by vocabulary, the rest replicated."""
-    embeddings = [x for x in profile.layers if x.kind is LayerKind.EMBEDDING]
-    token_embedding = max(embeddings, key=lambda x: x.params, default=None)
-    styles = []
-    for layer in profile.layers:
-        if layer.kind is LayerKind.BLOCK:
-            styles.append(TensorParallelStyle.MEGATRON)
-        elif layer is token_embedding or layer.kind is LayerKind.HEAD:
-            styles.append(TensorParallelStyle.VOCAB)
-        else:
-            styles.append(TensorParallelStyle.REPLICATE)
-    return tuple(styles)
 
 
 def _divisors(n: int) -> list[int]:

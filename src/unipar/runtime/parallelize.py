@@ -84,7 +84,9 @@ class ParallelModel:
         total = torch.zeros(())
         for index, (inputs, targets) in enumerate(microbatches):
             last = index == len(microbatches) - 1
-            with _gradient_sync(self.parts[0], enabled=last):
+            with _gradient_sync(
+                self.parts[0], enabled=last, keep_gathered=not self.plan.reshard_after_forward
+            ):
                 loss = loss_fn(self.parts[0](inputs), targets) / len(microbatches)
                 loss.backward()
             total = total.to(loss.device) + loss.detach()
@@ -101,24 +103,31 @@ class ParallelModel:
         return torch.stack([loss.detach() for loss in losses]).mean()
 
 
-def _gradient_sync(module: nn.Module, *, enabled: bool) -> contextlib.AbstractContextManager:
-    """Skip gradient synchronisation on all but the last micro-batch."""
+def _gradient_sync(
+    module: nn.Module, *, enabled: bool, keep_gathered: bool
+) -> contextlib.AbstractContextManager:
+    """Skip gradient synchronisation on all but the last micro-batch; under ZeRO-2
+    (``keep_gathered``) FSDP also keeps the gathered parameters until then."""
     if enabled:
         return contextlib.nullcontext()
     if hasattr(module, "no_sync"):  # DDP
         return module.no_sync()
     if hasattr(module, "set_requires_gradient_sync"):  # FSDP2
-        return _fsdp_no_sync(module)
+        return _fsdp_no_sync(module, keep_gathered)
     return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
-def _fsdp_no_sync(module: Any):  # type: ignore[no-untyped-def]
+def _fsdp_no_sync(module: Any, keep_gathered: bool):  # type: ignore[no-untyped-def]
     module.set_requires_gradient_sync(False)
+    if keep_gathered:
+        module.set_reshard_after_backward(False)
     try:
         yield
     finally:
         module.set_requires_gradient_sync(True)
+        if keep_gathered:
+            module.set_reshard_after_backward(True)
 
 
 def check_plan_for_model(model: nn.Module, plan: Plan) -> None:
