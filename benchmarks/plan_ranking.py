@@ -115,8 +115,14 @@ def main() -> int:
     cluster = calibrated_cpu_cluster(nodes=1, devices_per_node=args.workers)
     spec = job_model_spec(job)
     profile = analyze(
-        spec.factory, spec.sample_shape, hidden=spec.hidden, tp_divisibility=spec.tp_divisibility
+        spec.factory,
+        spec.sample_shape,
+        hidden=spec.hidden,
+        tp_divisibility=spec.tp_divisibility,
+        loss=spec.loss,
+        target=spec.target,
     )
+
     found = search(profile, cluster, GLOBAL_BATCH, keep=10_000)
     candidates = list(found.ranked)
     print(

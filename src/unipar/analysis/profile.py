@@ -192,11 +192,15 @@ def analyze(
     input_dtype: torch.dtype = torch.long,
     hidden: int | None = None,
     tp_divisibility: tuple[tuple[str, int], ...] = (),
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    target: tuple[tuple[int, ...], torch.dtype] | None = None,
 ) -> ModelProfile:
     """Profile ``model_factory()`` on one sample of shape ``sample_input`` (batch of 1).
 
     ``hidden``: the model's residual width, which tells replicated from sharded
     tensors under tensor parallelism (``None``: everything counts as sharded).
+    ``loss`` with ``target`` (one target's shape and dtype): the training loss, whose
+    ops are counted with the last layer, as the step runs them after it.
     """
     with torch.device("meta"):
         try:
@@ -244,7 +248,10 @@ def analyze(
         handles.append(module.register_forward_hook(leave))
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), recorder:
-            model(inputs)
+            outputs = model(inputs)
+            if loss is not None and target is not None:
+                shape, dtype = target
+                loss(outputs, torch.zeros((1, *shape), dtype=dtype, device="meta"))
     finally:
         for handle in handles:
             handle.remove()

@@ -86,6 +86,7 @@ def _allreduce_fit() -> tuple[float, float]:
     bandwidth = 2 * (n - 1) / n * size / max(large - tiny, 1e-9)
     return latency, bandwidth
 
+
 def _ring_seconds(nbytes: float, fraction: float, latency: float, bandwidth: float) -> float:
     """A ring collective as the cost model charges it (``fraction``: 2 for all-reduce,
     1 for all-gather or reduce-scatter)."""

@@ -37,6 +37,9 @@ class DeviceSpec:
     per tensor-parallel linear layer and per FSDP unit, per pass, beyond arithmetic and
     collectives (DTensor dispatch, hooks, copies). Measured for CPU workers; zero for
     GPUs, where this host-side work runs ahead of the kernels and hides behind them.
+    ``overlaps_communication``: whether gradient collectives run beside the backward
+    (GPUs: copy engines and spare SMs) or take the cores it needs (one-thread CPU
+    workers, where gloo reduces and copies on the same cores).
     ``reserved_gib``: memory the framework and runtime take before the model (context,
     communication buffers, allocator fragmentation).
     """
@@ -53,6 +56,7 @@ class DeviceSpec:
     sharded_op_overhead_s: float = 0.0
     fsdp_unit_overhead_s: float = 0.0
     optimizer_bandwidth: float | None = None  # bytes/s of the optimizer step (None: HBM)
+    overlaps_communication: bool = True  # False: collectives take the cores compute needs
 
     @property
     def peak_flops(self) -> float:

@@ -15,7 +15,9 @@ class ModelSpec:
 
     ``input_dtype``: of the sample (token ids by default). ``hidden``: residual width
     (tells replicated from sharded tensors under tensor parallelism);
-    ``tp_divisibility``: sizes the tensor-parallel degree must divide.
+    ``tp_divisibility``: sizes the tensor-parallel degree must divide. ``loss`` and
+    ``target``: the training loss and one target's shape and dtype, costed with the
+    last layer (optional).
     """
 
     name: str
@@ -25,3 +27,5 @@ class ModelSpec:
     tp_divisibility: tuple[tuple[str, int], ...] = ()
     tokens_per_sample: int = 1
     input_dtype: torch.dtype = torch.long
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    target: tuple[tuple[int, ...], torch.dtype] | None = None  # one target's shape, dtype

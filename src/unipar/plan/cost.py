@@ -18,7 +18,8 @@ Sources of the formulas:
   fp32 master, momentum, variance), divided by the axes that shard each (ZeRO,
   Rajbhandari et al. 2020); ZeRO-3 gathers weights in forward and backward (1.5x the
   all-reduce traffic);
-- data-parallel gradient sync overlaps with the backward of the last microbatch (DDP's
+- data-parallel gradient sync overlaps with the backward of the last microbatch where the
+  device computes and communicates at once (GPUs; not one-thread CPU workers) (DDP's
   bucketed all-reduce, Li et al. 2020).
 """
 
@@ -364,7 +365,8 @@ def _estimate(model: CostModel, plan: Plan, stages: list[list[int]]) -> Estimate
         one = units * ring_time(grad_bytes / units, mesh, "fsdp", cluster, fraction=1)
         sync += (1 + gathers) * one  # one reduce-scatter, then the all-gathers
     passes = 3 + (plan.recompute is Recompute.FULL)
-    last_backward = float(rank_compute_all[0]) * 2 / passes
+    overlap = device.overlaps_communication
+    last_backward = float(rank_compute_all[0]) * 2 / passes if overlap else 0.0
     exposed_sync = max(0.0, sync - last_backward) + _fsdp_framework_time(model, plan, loads)
     optimizer_bandwidth = device.optimizer_bandwidth or device.memory_bandwidth
     optimizer = stage_params / mesh.fsdp * ADAM_STEP_BYTES_PER_PARAM / optimizer_bandwidth

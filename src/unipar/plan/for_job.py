@@ -34,6 +34,8 @@ def job_model_spec(job: Job) -> ModelSpec:
         hidden=known.hidden if known else None,
         tp_divisibility=known.tp_divisibility if known else (),
         tokens_per_sample=targets[0].numel() if targets.dim() > 1 else 1,
+        loss=job.loss,
+        target=(tuple(targets.shape[1:]), targets.dtype),
     )
 
 

@@ -131,6 +131,8 @@ def plan(
         input_dtype=model.input_dtype,
         hidden=model.hidden,
         tp_divisibility=model.tp_divisibility,
+        loss=model.loss,
+        target=model.target,
     )
     analysis_time = time.perf_counter() - started
     result = search(profile, cluster, global_batch_size, constraints or Constraints())
