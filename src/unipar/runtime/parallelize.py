@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from unipar.analysis.profile import SkipInPlaceOnMeta
 from unipar.errors import UnsupportedPlanError
 from unipar.plan import Plan
 from unipar.plan.representation import MeshCoordinates
@@ -170,7 +171,7 @@ def parallelize(
         return ParallelModel(parts=[model], plan=plan, coordinates=coordinates)
 
     rng = torch.get_rng_state()
-    with torch.device("meta"):
+    with torch.device("meta"), SkipInPlaceOnMeta():  # no values to initialise on meta
         whole = build()
     torch.set_rng_state(rng)  # dropout draws as in the single-device run
     check_plan_for_model(whole, plan)
