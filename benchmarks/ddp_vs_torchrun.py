@@ -2,7 +2,8 @@
 
 Both are launched from their command lines on the same job file (workload.py):
 ``torchrun --nproc_per_node=2 torchrun_ddp_baseline.py`` and
-``unipar train workload.py --workers 2``. One invocation runs both, alternating,
+``unipar train workload.py --workers 2 --strategy PLAN.json`` (the plain data-parallel
+plan, so no planning is timed). One invocation runs both, alternating,
 ``--repeats`` times each, on the same model, batch, data order and thread settings, and
 prints per side:
   steady-state steps/s: the median interval between consecutive steps after ``--warmup``;
@@ -32,6 +33,9 @@ class RunTiming:
     first_step_s: float
 
 
+PLAN_FILE = Path(tempfile.gettempdir()) / "unipar-ddp-vs-torchrun-plan.json"
+
+
 def _step_ends(output: Path) -> list[float]:
     if output.suffix == ".json":  # the baseline's own record
         return json.loads(output.read_text())["step_ends"]
@@ -56,6 +60,13 @@ def _timed_run(command: list[str], output_name: str, warmup: int) -> RunTiming:
     return RunTiming(1.0 / statistics.median(intervals), ends[0] - launched)
 
 
+def _write_data_parallel_plan(steps_job_batch: int) -> None:
+    """The plan torchrun's side runs: plain data parallel over 2 workers."""
+    from unipar.plan import Plan
+
+    PLAN_FILE.write_text(Plan.data_parallel(2, steps_job_batch).to_json())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=60)
@@ -63,6 +74,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     bin_dir = Path(sys.executable).parent
+    _write_data_parallel_plan(32)  # workload.py's global batch
     commands = {
         "torchrun": (
             [
@@ -89,6 +101,8 @@ def main() -> None:
                 "--checkpoint-every",
                 "1000000",
                 "--no-progress",
+                "--strategy",
+                str(PLAN_FILE),
             ],
             "run/metrics.jsonl",
         ),

@@ -14,6 +14,7 @@ on a few elements under fsdp x tp after two steps, 1e-7 typical).
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import pytest
 import ray
@@ -41,6 +42,10 @@ def gpt_four_layers() -> Job:
     return tiny_gpt_job(steps=10, config=FOUR_LAYERS)
 
 
+def gpt_four_heads() -> Job:
+    return tiny_gpt_job(steps=10, config=replace(FOUR_LAYERS, heads=4))
+
+
 CASES = {
     # name: (job factory, workers, pinned choices)
     "fsdp2-accumulate": (gpt, 2, {"fsdp": 2, "microbatch_size": 2}),
@@ -60,6 +65,9 @@ CASES = {
     "fsdp2xtp2-recompute": (gpt, 4, {"fsdp": 2, "tp": 2, "recompute": Recompute.FULL}),
     "pp2xdp2": (gpt, 4, {"pp": 2, "dp": 2, "microbatch_size": 2}),
     "pp2xtp2": (gpt, 4, {"pp": 2, "tp": 2, "microbatch_size": 2, "schedule": GPIPE}),
+    "fsdp4": (gpt, 4, {"fsdp": 4}),
+    "tp4": (gpt_four_heads, 4, {"tp": 4}),
+    "pp4-1f1b": (gpt_four_layers, 4, {"pp": 4, "microbatch_size": 2, "schedule": ONE_F_ONE_B}),
     "llama-tp2": (tiny_llama_job, 2, {"tp": 2}),
     "llama-pp2": (tiny_llama_job, 2, {"pp": 2, "microbatch_size": 2}),
     "mlp-fsdp2": (tiny_mlp_job, 2, {"fsdp": 2}),

@@ -8,11 +8,14 @@ import runpy
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from unipar.errors import ConfigError, UniparError
-from unipar.job import Job
 from unipar.plan import Plan, Strategy
 from unipar.plan_cli import add_plan_parser
+
+if TYPE_CHECKING:
+    from unipar.job import Job
 
 
 def check_target(target: str) -> None:
@@ -30,6 +33,7 @@ def check_target(target: str) -> None:
 def load_job(target: str) -> Job:
     """A built-in recipe by name, or a Python file defining ``job`` (a Job or a
     function returning one)."""
+    from unipar.job import Job
     from unipar.recipes import RECIPES, recipe
 
     check_target(target)

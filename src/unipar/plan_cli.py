@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from unipar.errors import ConfigError
-from unipar.models import GPTConfig, LlamaConfig, MLPConfig, ModelSpec
+
+if TYPE_CHECKING:
+    from unipar.models import ModelSpec
 
 _INT_KEYS = {"tp", "pp", "dp", "fsdp", "microbatch_size"}
 _ENUM_KEYS = {"schedule", "recompute"}
@@ -47,6 +50,8 @@ def _choice(enum, value: str, key: str):  # type: ignore[no-untyped-def]
 
 
 def model_spec(args: argparse.Namespace) -> ModelSpec:
+    from unipar.models import GPTConfig, LlamaConfig, MLPConfig  # torch: only when planning
+
     if args.model == "gpt":
         return GPTConfig(
             vocab_size=args.vocab,
