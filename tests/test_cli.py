@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+from unipar.plan import Plan
+
 JOB_FILE = textwrap.dedent(
     """
     from unipar.testing import tiny_gpt_job
@@ -44,6 +46,8 @@ def test_train_user_file_then_resume(tmp_path):
     )
     assert first.returncode == 0, first.stderr[-3000:]
     assert "loss" in first.stdout and "step_00000004" in first.stdout
+    assert "chosen: " in first.stdout  # --strategy auto explains its plan first
+    (tmp_path / "plan.json").write_text(Plan.data_parallel(2, 8, microbatch_size=2).to_json())
     again = _unipar(
         "train",
         "my_job.py",
@@ -54,6 +58,8 @@ def test_train_user_file_then_resume(tmp_path):
         "--run-dir",
         "run",
         "--resume",
+        "--strategy",
+        "plan.json",
         "--no-progress",
         cwd=tmp_path,
     )
@@ -66,3 +72,10 @@ def test_unknown_target_is_a_clear_error(tmp_path):
     done = _unipar("train", "no-such-recipe", cwd=tmp_path)
     assert done.returncode == 2
     assert "neither a built-in recipe (gpt-stdlib) nor an existing .py file" in done.stderr
+
+
+def test_unknown_strategy_is_a_clear_error(tmp_path):
+    (tmp_path / "my_job.py").write_text(JOB_FILE)
+    done = _unipar("train", "my_job.py", "--strategy", "zero4", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "strategy must be one of auto, ddp, fsdp, tp, pp or a plan's JSON file" in done.stderr

@@ -58,6 +58,7 @@ def _train(args: argparse.Namespace) -> int:
     from unipar.ray_session import start_ray
 
     check_target(args.target)
+    plan = _strategy(args.strategy)  # a bad value fails before Ray starts
     # Ray's start is partly waiting on its own processes: load the job (importing torch)
     # meanwhile. Ray stays on the main thread: its processes die with the thread that
     # started them.
@@ -70,12 +71,12 @@ def _train(args: argparse.Namespace) -> int:
             ray.shutdown()
             raise
     try:
-        return _fit_and_report(job, args)
+        return _fit_and_report(job, plan, args)
     finally:
         ray.shutdown()
 
 
-def _fit_and_report(job: Job, args: argparse.Namespace) -> int:
+def _fit_and_report(job: Job, plan: Plan | Strategy, args: argparse.Namespace) -> int:
     from unipar.runtime.fit import fit
 
     if args.steps is not None:
@@ -86,7 +87,7 @@ def _fit_and_report(job: Job, args: argparse.Namespace) -> int:
     result = fit(
         job,
         workers=args.workers,
-        plan=_strategy(args.strategy),
+        plan=plan,
         cpus_per_worker=args.cpus_per_worker,
         gpus_per_worker=args.gpus_per_worker,
         run_dir=args.run_dir,

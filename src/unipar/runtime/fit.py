@@ -109,8 +109,7 @@ def fit(
         check_cluster_resources(config)
         if strategy is not None:
             plan, explanation = _plan_on_live_cluster(job, config, strategy)
-            if progress:
-                print(explanation, flush=True)
+            print(explanation, flush=True)
         controller = Controller(
             job, plan, config, resume_from=resume_from, metrics=metrics, callbacks=callbacks
         )
