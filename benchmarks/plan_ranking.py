@@ -109,10 +109,18 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=6, help="timed steps per plan")
     parser.add_argument("--rounds", type=int, default=3, help="re-timings of the top plans")
     parser.add_argument("--top", type=int, default=3, help="measured-fastest plans re-timed")
+    parser.add_argument(
+        "--cached-calibration",
+        action="store_true",
+        help="plan with the machine's cached calibration instead of measuring it now",
+    )
     args = parser.parse_args()
 
     job = benchmark_job()
-    cluster = calibrated_cpu_cluster(nodes=1, devices_per_node=args.workers)
+    # Calibrate now, unless asked to use the cached numbers: on a shared machine the
+    # speed drifts by tens of percent over minutes, and the check is of the cost model.
+    cache_dir = None if args.cached_calibration else Path(tempfile.mkdtemp())
+    cluster = calibrated_cpu_cluster(nodes=1, devices_per_node=args.workers, cache_dir=cache_dir)
     spec = job_model_spec(job)
     profile = analyze(
         spec.factory,

@@ -36,14 +36,26 @@ def _sustained_time(fn, seconds: float = 0.5) -> float:  # type: ignore[no-untyp
     return statistics.median(times)
 
 
-def measure_matmul_flops(size: int = 512, threads: int = 1) -> float:
+def measure_matmul_flops(m: int = 512, k: int = 512, n: int = 512, threads: int = 1) -> float:
+    """FLOP/s of a ``[m, k] @ [k, n]`` product, sustained."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a, b = torch.randn(size, size), torch.randn(size, size)
-        return 2 * size**3 / _sustained_time(lambda: a @ b)
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        return 2 * m * k * n / _sustained_time(lambda: a @ b)
     finally:
         torch.set_num_threads(previous)
+
+
+# Shapes of the products in small models' training (tokens x width x width, and the
+# transposed products of the backward), whose median rate the calibration takes.
+SMALL_MODEL_MATMULS = (
+    (256, 256, 256),
+    (512, 512, 512),
+    (1024, 128, 512),
+    (1024, 512, 128),
+    (128, 1024, 512),
+)
 
 
 def measure_elementwise_bandwidth(megabytes: int = 4, threads: int = 1) -> float:
@@ -87,7 +99,7 @@ def calibrated_cpu_cluster(
     return ClusterSpec("cpu", nodes, devices_per_node, device, link, link)
 
 
-_CACHE_VERSION = 8
+_CACHE_VERSION = 9
 
 
 def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
@@ -114,7 +126,7 @@ def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
 @functools.lru_cache(maxsize=1)
 def _measure() -> tuple[DeviceSpec, LinkSpec]:
     group = measure_group()
-    flops = group["matmul_flops"]  # the best of the sizes small models use
+    flops = group["matmul_flops"]  # the median over the shapes small models use
     device = DeviceSpec(
         name="cpu-thread",
         memory_gib=_memory_gib(),

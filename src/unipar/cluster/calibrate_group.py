@@ -6,7 +6,8 @@ collectives and the framework's own work per operation. Run as two processes::
 Rank 0 prints one JSON object:
 
 - ``matmul_flops``, ``elementwise_bandwidth``, ``optimizer_bandwidth``: arithmetic
-  rates measured on every rank at once (workers share memory bandwidth and clock);
+  rates measured on every rank at once (workers share memory bandwidth and clock); the
+  matmul rate is the median over the product shapes of small models' training;
 - ``op_overhead_s``: fixed cost of one operation in training (dispatch, autograd
   record, backward), from forward+backward of a chain of tiny linear layers, per op
   per pass (backward counts as two passes);
@@ -156,10 +157,14 @@ def _optimizer_bandwidth(params: int = 1_000_000) -> float:
 def _arithmetic() -> dict[str, float]:
     """Rates with every rank computing at once, as workers do: they share the
     machine's memory bandwidth and clock."""
-    from unipar.cluster.calibrate import measure_elementwise_bandwidth, measure_matmul_flops
+    from unipar.cluster.calibrate import (
+        SMALL_MODEL_MATMULS,
+        measure_elementwise_bandwidth,
+        measure_matmul_flops,
+    )
 
     dist.barrier()
-    flops = max(measure_matmul_flops(size) for size in (256, 512))
+    flops = statistics.median(measure_matmul_flops(*shape) for shape in SMALL_MODEL_MATMULS)
     dist.barrier()
     elementwise = measure_elementwise_bandwidth()
     return {
