@@ -78,3 +78,29 @@ def test_a_users_own_model():
     profile = analyze(factory, (16,), input_dtype=torch.float)
     assert [layer.name for layer in profile.layers] == ["0", "1", "2"]
     assert profile.forward_flops == 2 * (16 * 64 + 64 * 4)
+
+
+class _ResidualOutside(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+            for _ in range(4)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def test_repeated_blocks_with_the_residual_outside_cost_the_same():
+    """A repeat is skipped and takes the first block's costs, even when the parent's
+    forward runs an op under its name after it (``x = x + block(x)``)."""
+    profile = analyze(_ResidualOutside, (8, 32), input_dtype=torch.float32, hidden=32)
+    assert len(profile.layers) == 4
+    first = profile.layers[0]
+    assert first.forward_flops > 0
+    for block in profile.layers[1:]:
+        assert block.forward_flops == first.forward_flops
+        assert block.memory_ops == first.memory_ops

@@ -256,9 +256,11 @@ def analyze(
         for handle in handles:
             handle.remove()
     for name, first in first_of.items():
-        if name not in recorder.stats:  # skipped as a repeat: same costs as its first
-            recorder.stats[name] = dict(recorder.stats[first])
-            recorder.matmuls[name] = list(recorder.matmuls.get(first, []))
+        # Skipped as a repeat: the first one's costs, which include what ran under its
+        # name outside it (e.g. a residual add in the parent's forward after it returned)
+        # and so replace what was recorded under the repeat's name.
+        recorder.stats[name] = dict(recorder.stats[first])
+        recorder.matmuls[name] = list(recorder.matmuls.get(first, []))
     return _profile(sequence, recorder, hidden, tp_divisibility)
 
 

@@ -99,7 +99,7 @@ def calibrated_cpu_cluster(
     return ClusterSpec("cpu", nodes, devices_per_node, device, link, link)
 
 
-_CACHE_VERSION = 9
+_CACHE_VERSION = 10
 
 
 def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
@@ -126,16 +126,19 @@ def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
 @functools.lru_cache(maxsize=1)
 def _measure() -> tuple[DeviceSpec, LinkSpec]:
     group = measure_group()
-    flops = group["matmul_flops"]  # the median over the shapes small models use
+    # Short measurements of single rates, scaled by what sustained training on every
+    # worker at once takes beyond them (a reference network's measured/predicted time).
+    slowdown = group["sustained_slowdown"]
+    flops = group["matmul_flops"] / slowdown  # median over the shapes small models use
     device = DeviceSpec(
         name="cpu-thread",
         memory_gib=_memory_gib(),
         peak_flops_16bit=flops,  # the CPU build has no faster 16-bit path to count on
         peak_flops_32bit=flops,
-        memory_bandwidth=group["elementwise_bandwidth"],
-        optimizer_bandwidth=group["optimizer_bandwidth"],
+        memory_bandwidth=group["elementwise_bandwidth"] / slowdown,
+        optimizer_bandwidth=group["optimizer_bandwidth"] / slowdown,
         gemm_efficiency=1.0,  # the peak above is itself a measured matmul rate
-        kernel_overhead_s=group["op_overhead_s"],
+        kernel_overhead_s=group["op_overhead_s"] * slowdown,
         reserved_gib=0.5,
         precision=Precision.FP32,  # CPU training runs in float32
         sharded_op_overhead_s=group["sharded_linear_overhead_s"],

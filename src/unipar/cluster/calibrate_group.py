@@ -8,6 +8,9 @@ Rank 0 prints one JSON object:
 - ``matmul_flops``, ``elementwise_bandwidth``, ``optimizer_bandwidth``: arithmetic
   rates measured on every rank at once (workers share memory bandwidth and clock); the
   matmul rate is the median over the product shapes of small models' training;
+- ``sustained_slowdown``: measured over predicted step time of a reference network
+  (residual MLP blocks) trained on every rank at once for a few seconds, by which the
+  rates are scaled;
 - ``op_overhead_s``: fixed cost of one operation in training (dispatch, autograd
   record, backward), from forward+backward of a chain of tiny linear layers, per op
   per pass (backward counts as two passes);
@@ -174,6 +177,84 @@ def _arithmetic() -> dict[str, float]:
     }
 
 
+class _ResidualMLP(nn.Module):
+    """The reference network of :func:`_sustained_slowdown`: residual MLP blocks."""
+
+    def __init__(self, width: int = 192, depth: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(
+                nn.LayerNorm(width),
+                nn.Linear(width, 4 * width),
+                nn.GELU(),
+                nn.Linear(4 * width, width),
+            )
+            for _ in range(depth)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def _sustained_slowdown(arithmetic: dict[str, float], op_overhead: float) -> float:
+    """Measured over predicted time of a training step of a reference network (residual
+    MLP blocks, not any model being planned), with every rank training at once for a few
+    seconds: what sustained load (shared caches, memory bandwidth and clock) takes
+    beyond the short measurements of the single rates."""
+    from unipar.analysis.profile import analyze
+    from unipar.cluster.spec import DeviceSpec, Precision
+    from unipar.plan.cost import ADAM_STEP_BYTES_PER_PARAM
+
+    batch, seq, width = 16, 64, 192
+    model = _ResidualMLP(width)
+    x = torch.randn(batch, seq, width)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    dist.barrier()
+    times = []
+    deadline = time.perf_counter() + 3.0
+    while time.perf_counter() < deadline or len(times) < 5:
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    measured = statistics.median(times)
+
+    device = DeviceSpec(
+        name="cpu-thread",
+        memory_gib=1.0,
+        peak_flops_16bit=arithmetic["matmul_flops"],
+        peak_flops_32bit=arithmetic["matmul_flops"],
+        memory_bandwidth=arithmetic["elementwise_bandwidth"],
+        gemm_efficiency=1.0,
+        kernel_overhead_s=op_overhead,
+        reserved_gib=0.0,
+        precision=Precision.FP32,
+    )
+    profile = analyze(
+        lambda: _ResidualMLP(width), (seq, width), input_dtype=torch.float32, hidden=width
+    )
+    predicted = sum(3 * _layer_forward_seconds(layer, batch, device) for layer in profile.layers)
+    predicted += profile.params * ADAM_STEP_BYTES_PER_PARAM / arithmetic["optimizer_bandwidth"]
+    return min(max(measured / predicted, 0.5), 3.0)
+
+
+def _layer_forward_seconds(layer, batch: int, device) -> float:  # type: ignore[no-untyped-def]
+    from unipar.cluster.spec import ClusterSpec, LinkSpec
+    from unipar.plan.cost import layer_forward_time
+
+    link = LinkSpec(bandwidth=1e9, latency_s=0.0)
+    return layer_forward_time(layer, batch, 1, ClusterSpec("cpu", 1, 1, device, link, link))
+
+
 def main(rank: int, world: int, port: int) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -183,6 +264,7 @@ def main(rank: int, world: int, port: int) -> None:
     latency, bandwidth = _allreduce_fit()
     sharded_linear = min(_sharded_linear_overhead(latency, bandwidth) for _ in range(2))
     fsdp_unit = min(_fsdp_unit_overhead(latency, bandwidth) for _ in range(2))
+    slowdown = _sustained_slowdown(arithmetic, op_overhead)
     dist.destroy_process_group()
     if rank == 0:
         print(
@@ -194,6 +276,7 @@ def main(rank: int, world: int, port: int) -> None:
                     "allreduce_bandwidth": bandwidth,
                     "sharded_linear_overhead_s": sharded_linear,
                     "fsdp_unit_overhead_s": fsdp_unit,
+                    "sustained_slowdown": slowdown,
                 }
             ),
             flush=True,
