@@ -27,13 +27,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from unipar.analysis import analyze
 from unipar.cluster.calibrate import calibrated_cpu_cluster
 from unipar.job import Job, OptimizerSpec
 from unipar.models.gpt import GPT, GPTConfig
-from unipar.plan import Plan, search
+from unipar.plan import Plan
 from unipar.plan.for_job import job_model_spec
 from unipar.plan.report import describe
+from unipar.plan.report import plan as choose_plan
 from unipar.runtime.trainer import CheckpointPolicy, Trainer
 from unipar.testing import RandomTokens
 
@@ -121,18 +121,9 @@ def main() -> int:
     # speed drifts by tens of percent over minutes, and the check is of the cost model.
     cache_dir = None if args.cached_calibration else Path(tempfile.mkdtemp())
     cluster = calibrated_cpu_cluster(nodes=1, devices_per_node=args.workers, cache_dir=cache_dir)
-    spec = job_model_spec(job)
-    profile = analyze(
-        spec.factory,
-        spec.sample_shape,
-        hidden=spec.hidden,
-        tp_divisibility=spec.tp_divisibility,
-        loss=spec.loss,
-        target=spec.target,
-    )
-
-    found = search(profile, cluster, GLOBAL_BATCH, keep=10_000)
-    candidates = list(found.ranked)
+    report = choose_plan(job_model_spec(job), cluster, GLOBAL_BATCH, keep=10_000)
+    profile = report.profile
+    candidates = list(report.result.ranked)
     print(
         f"GPT {profile.params / 1e6:.2f}M parameters, global batch {GLOBAL_BATCH}, "
         f"{args.workers} CPU workers x 1 thread; {len(candidates)} feasible plans "

@@ -114,8 +114,10 @@ def plan(
     global_batch_size: int,
     *,
     constraints: Constraints | None = None,
+    keep: int = 8,
 ) -> PlanReport:
     """Choose how to train ``model`` on ``cluster``; nothing is allocated or run.
+    ``keep``: how many of the fitting plans the report ranks.
 
     ``model`` is a :class:`~unipar.models.ModelSpec`: the reference configs make one with
     ``.spec()``, or wrap your own factory with ``ModelSpec(name, factory, sample_shape)``.
@@ -135,7 +137,7 @@ def plan(
         target=model.target,
     )
     analysis_time = time.perf_counter() - started
-    result = search(profile, cluster, global_batch_size, constraints or Constraints())
+    result = search(profile, cluster, global_batch_size, constraints or Constraints(), keep=keep)
     return PlanReport(
         result=result,
         profile=profile,
