@@ -69,3 +69,11 @@ def test_missing_state_file_is_corrupt(tmp_path):
     (path / "unipar_state.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="incomplete or corrupt"):
         read_checkpoint(path)
+
+
+def test_clean_name_drops_only_the_recompute_wrapper():
+    from unipar.runtime.weights import clean_name
+
+    wrapped = "layers.0._checkpoint_wrapped_module.attention.rope_cos"
+    assert clean_name(wrapped) == "layers.0.attention.rope_cos"
+    assert clean_name("my_module.submodule.scale") == "my_module.submodule.scale"

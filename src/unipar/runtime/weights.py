@@ -6,14 +6,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-_WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "module.")
+_WRAPPER_MODULE = "_checkpoint_wrapped_module"  # what recompute's wrapper inserts
 
 
 def clean_name(name: str) -> str:
-    """A parameter or buffer name without the prefixes wrappers add."""
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
+    """A parameter or buffer name without the parts recompute's wrapper inserts (whole
+    name parts only: a user's ``my_module.scale`` stays as it is)."""
+    return ".".join(part for part in name.split(".") if part != _WRAPPER_MODULE)
 
 
 @torch.no_grad()
