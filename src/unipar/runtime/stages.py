@@ -91,8 +91,7 @@ class Removal(Enum):
 def set_layer(model: nn.Module, name: str, layer: nn.Module | None) -> None:
     """Put ``layer`` in place of the layer called ``name``; ``None`` removes it from a
     container (deleted from a ``ModuleDict``, ``nn.Identity`` in a list)."""
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
+    parent, child = _parent(model, name)
     if isinstance(parent, nn.ModuleDict):
         if layer is None:
             del parent[child]
@@ -102,6 +101,12 @@ def set_layer(model: nn.Module, name: str, layer: nn.Module | None) -> None:
         parent[int(child)] = nn.Identity() if layer is None else layer
     else:
         setattr(parent, child, layer)
+
+
+def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """The module holding layer ``name``, and the layer's name within it."""
+    parent_name, _, child = name.rpartition(".")
+    return (model.get_submodule(parent_name) if parent_name else model), child
 
 
 def _remove(model: nn.Module, name: str, removal: Removal) -> None:
@@ -125,8 +130,7 @@ def _only(model: nn.Module, keep: Sequence[str], removal: Removal) -> Iterator[N
     saved = []
     for name, _ in layer_sequence(model):
         if name not in keep:
-            parent_name = name.rpartition(".")[0]
-            parent = model.get_submodule(parent_name) if parent_name else model
+            parent, _ = _parent(model, name)
             saved.append((parent, dict(parent._modules)))
             _remove(model, name, removal)
     try:
