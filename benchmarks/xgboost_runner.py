@@ -1,7 +1,7 @@
 """One side of xgboost_vs_peers.py, in a fresh process: ``xgboost_runner.py SIDE CASE``
 with SIDE in unipar, trainer, single and CASE in small, large. Makes the data first,
 then times everything from framework import to a trained booster (Ray start included),
-and prints ``seconds rounds``."""
+and prints ``RESULT seconds rounds`` (the actors' log lines share stdout)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def main(side: str, case: str) -> None:
     booster = {"unipar": run_unipar, "single": run_single, "trainer": run_trainer}[side](
         x, y, rounds
     )
-    print(f"{time.perf_counter() - started:.3f} {booster.num_boosted_rounds()}")
+    print(f"RESULT {time.perf_counter() - started:.3f} {booster.num_boosted_rounds()}")
 
 
 if __name__ == "__main__":

@@ -268,3 +268,32 @@ def test_combine_data_restores_row_order():
     np.testing.assert_array_equal(combine_data(RayShardingMode.INTERLEAVED, interleaved), rows)
     batches = np.array_split(rows, 3)
     np.testing.assert_array_equal(combine_data(RayShardingMode.BATCH, batches), rows)
+
+
+class SklearnProbe:
+    """Records, in each training actor, whether xgboost saw scikit-learn at import and
+    whether user code can still import scikit-learn."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def before_train(self, actor):
+        import sys
+
+        import xgboost
+
+        seen = xgboost.compat.SKLEARN_INSTALLED
+        was_imported = "sklearn" in sys.modules
+        from sklearn.metrics import log_loss as user_metric  # a user's callback may do this
+
+        Path(self.directory, f"{seen}-{was_imported}-{callable(user_metric)}").touch()
+
+
+def test_actors_import_xgboost_without_sklearn(ray_cluster, cancer, tmp_path):
+    from unipar.xgboost import DistributedCallback
+
+    x, y = cancer
+    probe = type("Probe", (SklearnProbe, DistributedCallback), {})(str(tmp_path))
+    ray_params = RayParams(num_actors=2, distributed_callbacks=[probe])
+    train(PARAMS, RayDMatrix(x, y), 2, ray_params=ray_params)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["False-False-True"]

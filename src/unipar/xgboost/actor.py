@@ -11,41 +11,20 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xgboost as xgb
 
+from unipar.xgboost.lean_import import import_xgboost_core
 from unipar.xgboost.matrix import RayDMatrix, RayFileType, Shard
 
-
-class _Checkpoint(xgb.callback.TrainingCallback):
-    """Keeps a checkpoint every ``every`` rounds; with ``report``, also records each
-    round's (global) metrics, and the model every ``report_models`` rounds."""
-
-    def __init__(
-        self, actor: XGBoostActor, every: int, offset: int, report: bool, report_models: int
-    ) -> None:
-        self.actor, self.every, self.offset = actor, every, offset
-        self.report, self.report_models = report, report_models
-
-    def after_iteration(self, model: xgb.Booster, epoch: int, evals_log: Any) -> bool:
-        done = self.offset + epoch + 1
-        if done % self.every == 0:
-            self.actor.keep_checkpoint(done, model)
-        if self.report:
-            values = {
-                f"{data}-{metric}": float(history[-1])
-                for data, metrics in evals_log.items()
-                for metric, history in metrics.items()
-            }
-            attach = self.report_models and done % self.report_models == 0
-            self.actor.record_round(done, values, bytes(model.save_raw("ubj")) if attach else None)
-        return self.actor.stop_requested.is_set()
+if TYPE_CHECKING:
+    import xgboost as xgb
 
 
 class XGBoostActor:
     def __init__(self, callbacks: list[Any] | None = None) -> None:
+        import_xgboost_core()
         self.loaded: dict[str, tuple[RayDMatrix, dict[str, Any]]] = {}
         self.callbacks = list(callbacks or [])
         self._lock = threading.Lock()
@@ -106,12 +85,18 @@ class XGBoostActor:
         """Train ``rounds`` more rounds with the other actors. Returns the collective
         rank, the model (rank 0 only), the rounds done and the evaluation log; or, if the
         collective broke (a peer died), ``{"error": ...}``."""
+        import xgboost as xgb
         from xgboost import collective
+
+        from unipar.xgboost.round_callback import RoundCallback
 
         self.stop_requested.clear()
         done_before, model = (start[0], bytearray(start[1])) if start else (0, None)
         result: dict[str, Any] = {}
         log: dict[str, Any] = {}
+        after_each_round = RoundCallback(
+            self, checkpoint_frequency, done_before, report, report_models
+        )
         for callback in self.callbacks:
             callback.before_train(self)
         try:
@@ -130,10 +115,7 @@ class XGBoostActor:
                     evals=[(matrices[name], name) for name in evals],
                     evals_result=log,
                     xgb_model=xgb.Booster(model_file=model) if model is not None else None,
-                    callbacks=[
-                        *(callbacks or []),
-                        _Checkpoint(self, checkpoint_frequency, done_before, report, report_models),
-                    ],
+                    callbacks=[*(callbacks or []), after_each_round],
                     verbose_eval=False,
                     **kwargs,
                 )
@@ -152,6 +134,8 @@ class XGBoostActor:
     def predict(
         self, matrix: RayDMatrix, shard: Shard, model: bytes, kwargs: dict[str, Any]
     ) -> np.ndarray:
+        import xgboost as xgb
+
         booster = xgb.Booster(model_file=bytearray(model))
         for callback in self.callbacks:
             callback.before_predict(self)
@@ -184,6 +168,8 @@ def read_shard(matrix: RayDMatrix, shard: Shard) -> dict[str, Any]:
 def to_dmatrix(
     matrix: RayDMatrix, parts: dict[str, Any], ref: xgb.DMatrix | None = None
 ) -> xgb.DMatrix:
+    import xgboost as xgb
+
     parts = dict(parts)
     data = parts.pop("data")
     quantile = getattr(matrix, "quantile", False)
