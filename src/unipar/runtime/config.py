@@ -27,7 +27,9 @@ class RunConfig:
     progress: bool = True
     placement_timeout_s: float = 60.0
     collective_timeout_s: float = 300.0
-    poll_interval_s: float = 1.0
+    # The controller takes in step reports at most this often (it shares the workers'
+    # cores); a lost worker is still seen within this interval.
+    poll_interval_s: float = 0.5
 
     def __post_init__(self) -> None:
         rules = [

@@ -1,13 +1,14 @@
 """The controller on the driver: starts the workers, follows progress, survives failures.
 
 A worker process that dies (killed, out of memory, node lost) is reported by Ray as
-soon as its process is gone, so the controller notices within one poll interval,
-not after a collective timeout. It then tears the whole gang down and starts a new
+soon as its process is gone, so the controller notices within half a second, not
+after a collective timeout. It then tears the whole gang down and starts a new
 one from the newest checkpoint, up to ``max_failures`` times.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from unipar.runtime.checkpoint import latest_checkpoint
 from unipar.runtime.config import RunConfig
 from unipar.runtime.metrics import MetricsWriter, StepAggregator, StepMetrics
 from unipar.runtime.progress import ProgressBar
-from unipar.runtime.trainer import CheckpointPolicy, TrainOutcome
+from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
 from unipar.runtime.worker_group import WorkerGroup, WorkerInfo
 
 _PROCESS_LOST = (ActorDiedError, RayActorError, NodeDiedError, OutOfMemoryError, WorkerCrashedError)
@@ -122,68 +123,89 @@ class Controller:
         group = WorkerGroup(self.job, self.plan, self.config, self.policy)
         self.workers = group.info
         try:
-            start_steps = self._wait(group, group.setup_refs(self.resume_from), poll=False)
+            start_steps = self._follow(group.setup_refs(self.resume_from))
             self.bar.start_at(start_steps[0])
-            outcomes = self._wait(group, group.train_refs(), poll=True)
-            self._collect(group.drain_refs())
-            return outcomes[0]
+            return self._follow(group.train_streams())[0]
         finally:
             group.shutdown()
 
-    def _wait(self, group: WorkerGroup, refs: list[ray.ObjectRef], *, poll: bool) -> list:
-        rank_of = {ref: rank for rank, ref in enumerate(refs)}
-        results: dict[int, object] = {}
-        pending = list(refs)
-        while pending:
-            # Returns as soon as any worker finishes or fails, so a lost worker is seen
-            # at once; the timeout only sets how often progress is collected.
-            ready, pending = ray.wait(pending, num_returns=1, timeout=self.config.poll_interval_s)
-            for ref in ready:
-                results[rank_of[ref]] = self._get(ref, rank_of[ref], pending, rank_of)
-            if poll and pending:
-                self._collect(group.drain_refs())
-        return [results[rank] for rank in range(len(refs))]
+    def _follow(self, handles: Sequence[ray.ObjectRef | ray.ObjectRefGenerator]) -> list:
+        """Every worker's result of one call, recording step reports as they stream in.
+        ``ray.wait`` returns as soon as any worker has news or has failed; while reports
+        flow, the controller looks once per poll interval, so a lost worker is seen
+        within one."""
+        calls = [_Call(rank, handle) for rank, handle in enumerate(handles)]
+        interval = self.config.poll_interval_s
+        while running := [call for call in calls if not call.done]:
+            began = time.monotonic()
+            ray.wait([call.handle for call in running], num_returns=1, timeout=interval)
+            reports = []
+            for call in running:
+                reports += self._take(call, running)
+            self._record(reports)
+            if reports and not all(call.done for call in calls):
+                time.sleep(max(0.0, interval - (time.monotonic() - began)))
+        return [call.result for call in calls]
 
-    def _get(
-        self, ref: ray.ObjectRef, rank: int, pending: list[ray.ObjectRef], rank_of: dict
-    ) -> object:
+    def _take(self, call: _Call, running: list[_Call]) -> list[StepReport]:
         try:
-            return ray.get(ref)
+            return call.take_ready()
         except _PROCESS_LOST as error:
-            raise WorkerLost(rank, error) from error
+            raise WorkerLost(call.rank, error) from error
         except RayTaskError as error:
             # A peer's death often surfaces first as a collective error on a survivor:
             # give the dead worker's own report a moment to arrive before blaming code.
-            self._raise_if_peer_lost(pending, rank_of)
+            self._raise_if_peer_lost([peer for peer in running if peer is not call])
             cause = error.cause if isinstance(error.cause, BaseException) else error
             if isinstance(cause, dist.DistError):
-                raise WorkerLost(rank, cause) from error
+                raise WorkerLost(call.rank, cause) from error
             if isinstance(cause, UniparError):
                 raise cause from None
-            raise UserCodeError(f"worker rank {rank} raised:\n{error}") from None
+            raise UserCodeError(f"worker rank {call.rank} raised:\n{error}") from None
 
-    def _raise_if_peer_lost(self, pending: list[ray.ObjectRef], rank_of: dict) -> None:
-        if not pending:
+    @staticmethod
+    def _raise_if_peer_lost(peers: list[_Call]) -> None:
+        if not peers:
             return
-        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=_GRACE_S)
-        for ref in ready:
+        ray.wait([peer.handle for peer in peers], num_returns=len(peers), timeout=_GRACE_S)
+        for peer in peers:
             try:
-                ray.get(ref)
+                peer.take_ready()
             except _PROCESS_LOST as error:
-                raise WorkerLost(rank_of[ref], error) from error
+                raise WorkerLost(peer.rank, error) from error
             except RayTaskError:
                 pass
 
-    def _collect(self, drain_refs: list[ray.ObjectRef]) -> None:
-        reports = []
-        for rank, ref in enumerate(drain_refs):
-            try:
-                reports.extend(ray.get(ref))
-            except _PROCESS_LOST as error:
-                raise WorkerLost(rank, error) from error
+    def _record(self, reports: list[StepReport]) -> None:
         for metrics in self.aggregator.add(reports, self.state.attempt):
             self.state.history[metrics.step] = metrics
             self.metrics.write(metrics)
             self.bar.update(metrics)
             for callback in self.callbacks:
                 callback.on_step(metrics, self.workers)
+
+
+class _Call:
+    """One worker's call in flight: a plain result (an ObjectRef), or a stream of step
+    reports ending with the outcome (an ObjectRefGenerator)."""
+
+    def __init__(self, rank: int, handle: ray.ObjectRef | ray.ObjectRefGenerator) -> None:
+        self.rank, self.handle = rank, handle
+        self.done = False
+        self.result: object = None
+
+    def take_ready(self) -> list[StepReport]:
+        """The reports that have arrived; sets ``result`` once the call has ended.
+        Raises what the worker raised, or Ray's error for a lost worker."""
+        if isinstance(self.handle, ray.ObjectRef):
+            if ray.wait([self.handle], timeout=0)[0]:
+                self.result, self.done = ray.get(self.handle), True
+            return []
+        reports = []
+        while not self.done and ray.wait([self.handle], timeout=0)[0]:
+            item = ray.get(next(self.handle))
+            if isinstance(item, StepReport):
+                reports.append(item)
+            else:
+                self.result, self.done = item, True
+        return reports

@@ -7,7 +7,7 @@ The controller runs one :class:`Trainer` per worker process; a single process wi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,12 +187,12 @@ class Trainer:
             keep=self.checkpoints.keep,
         )
 
-    def train(self, report: Callable[[StepReport], None]) -> TrainOutcome:
-        """Run from ``start_step`` to ``job.steps``; checkpoint every ``checkpoints.every``
-        steps and at the end."""
+    def train(self) -> Generator[StepReport, None, TrainOutcome]:
+        """Run from ``start_step`` to ``job.steps``, yielding each step's report as it
+        ends; checkpoint every ``checkpoints.every`` steps and at the end."""
         final = None
         for step in range(self.start_step, self.job.steps):
-            report(self.train_step(step))
+            yield self.train_step(step)
             done = step + 1
             if done == self.job.steps or done % self.checkpoints.every == 0:
                 final = self.save(done)

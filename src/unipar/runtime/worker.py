@@ -1,15 +1,16 @@
 """The Ray actor that hosts one :class:`~unipar.runtime.trainer.Trainer`.
 
-The actor is threaded (``max_concurrency=2``): ``train`` runs in one thread while the
-controller calls ``drain`` from another to collect step reports, so progress never
-waits for a collective and training never waits for the controller.
+``train`` is a Ray generator: each step's report streams to the controller as the step
+ends, so progress never waits for a collective and training never waits for the
+controller. The actor is not threaded: training runs on the worker's main thread
+(measured: a threaded actor, training in a pool thread, ran 2-3% fewer steps/s).
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -41,8 +42,6 @@ class TrainWorker:
         self.trainer = Trainer(
             job, plan, rank=rank, world_size=world_size, device=device, checkpoints=checkpoints
         )
-        self._reports: list[StepReport] = []
-        self._lock = threading.Lock()
 
     def describe(self) -> tuple[int, str, str]:
         """(process id, node IP, Ray node id) of this worker."""
@@ -67,18 +66,11 @@ class TrainWorker:
             )
         return self.trainer.setup(resume_from)
 
-    def _record(self, report: StepReport) -> None:
-        with self._lock:
-            self._reports.append(report)
-
-    def train(self) -> TrainOutcome:
+    def train(self) -> Iterator[StepReport | TrainOutcome]:
+        """Each step's report as the step ends, then the outcome."""
         try:
-            return self.trainer.train(self._record)
+            outcome = yield from self.trainer.train()
+            yield outcome
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
-
-    def drain(self) -> list[StepReport]:
-        with self._lock:
-            reports, self._reports = self._reports, []
-        return reports

@@ -46,7 +46,6 @@ class WorkerGroup:
             actor.options(
                 num_cpus=config.cpus_per_worker,
                 num_gpus=config.gpus_per_worker,
-                max_concurrency=2,
                 max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.placement, placement_group_bundle_index=rank
@@ -74,11 +73,9 @@ class WorkerGroup:
             for w in self.workers
         ]
 
-    def train_refs(self) -> list[ray.ObjectRef]:
+    def train_streams(self) -> list[ray.ObjectRefGenerator]:
+        """Start training on every worker; each yields its step reports, then its outcome."""
         return [w.train.remote() for w in self.workers]
-
-    def drain_refs(self) -> list[ray.ObjectRef]:
-        return [w.drain.remote() for w in self.workers]
 
     def shutdown(self) -> None:
         for worker in self.workers:
