@@ -21,6 +21,8 @@ def timed(side: str, case: str) -> float:
     if done.returncode:
         raise SystemExit(f"{side} {case} failed:\n{done.stderr[-3000:]}")
     result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if not result:
+        raise SystemExit(f"{side} {case} printed no RESULT line:\n{done.stdout[-3000:]}")
     _, seconds, rounds = result[-1].split()
     print(f"  {side:8s} {float(seconds):8.2f} s  ({rounds} trees)", flush=True)
     return float(seconds)
