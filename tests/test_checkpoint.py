@@ -77,3 +77,80 @@ def test_clean_name_drops_only_the_recompute_wrapper():
     wrapped = "layers.0._checkpoint_wrapped_module.attention.rope_cos"
     assert clean_name(wrapped) == "layers.0.attention.rope_cos"
     assert clean_name("my_module.submodule.scale") == "my_module.submodule.scale"
+
+
+class _CreatesFile:
+    """Unpickling this creates ``path``: a stand-in for any code a pickle can run."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _checkpoint(tmp_path):
+    model, optimizer = _model_and_optimizer(0)
+    path = save_checkpoint(
+        tmp_path / "ckpt", step=1, parts=[model], optimizers=[optimizer], state=STATE, keep=1
+    )
+    return path, model, optimizer
+
+
+def test_the_crafted_pickle_runs_code_when_loaded_unsafely(tmp_path):
+    """The control: without weights_only the payload below does create its file."""
+    torch.save({"torch": _CreatesFile(tmp_path / "pwned")}, tmp_path / "evil.pt")
+    torch.load(tmp_path / "evil.pt", weights_only=False)
+    assert (tmp_path / "pwned").exists()
+
+
+def test_crafted_rng_state_is_refused_and_runs_nothing(tmp_path):
+    from unipar.runtime.safe_load import UnsafeCheckpointError
+
+    path, model, optimizer = _checkpoint(tmp_path)
+    marker = tmp_path / "pwned"
+    torch.save({"torch": _CreatesFile(marker)}, path / "rng_rank0.pt")
+    with pytest.raises(UnsafeCheckpointError, match=r"refused to load .*rng_rank0\.pt.*Nothing"):
+        load_checkpoint(path, parts=[model], optimizers=[optimizer])
+    assert not marker.exists()
+
+
+def test_crafted_dcp_metadata_is_refused_and_runs_nothing(tmp_path):
+    import pickle
+
+    from unipar.runtime.safe_load import UnsafeCheckpointError
+
+    path, model, optimizer = _checkpoint(tmp_path)
+    marker = tmp_path / "pwned"
+    (path / ".metadata").write_bytes(pickle.dumps(_CreatesFile(marker)))
+    for load in (read_checkpoint, load_model_state):
+        with pytest.raises(UnsafeCheckpointError, match=r"refused to load .*\.metadata"):
+            load(path)
+    with pytest.raises(UnsafeCheckpointError):
+        load_checkpoint(path, parts=[model], optimizers=[optimizer])
+    assert not marker.exists()
+
+
+def test_crafted_consolidated_model_state_is_refused_and_runs_nothing(tmp_path):
+    """A DCP checkpoint whose model state holds a pickled object next to its tensors:
+    reading the full model state (and resuming from it) refuses it."""
+    import json
+
+    import torch.distributed.checkpoint as dcp
+
+    from unipar.runtime.safe_load import UnsafeCheckpointError
+
+    marker = tmp_path / "pwned"
+    path = tmp_path / "ckpt" / "step_00000001"
+    state = {"model": {"weight": torch.ones(2), "extra": _CreatesFile(marker)}}
+    dcp.save(state, checkpoint_id=str(path))
+    (path / "unipar_state.json").write_text(json.dumps({"step": 1, **STATE}))
+    with pytest.raises(UnsafeCheckpointError, match="Nothing in it was run"):
+        load_model_state(path)
+    assert not marker.exists()
+
+
+def test_rng_state_file_holds_only_plain_data(tmp_path):
+    path, _, _ = _checkpoint(tmp_path)
+    states = torch.load(path / "rng_rank0.pt", weights_only=True)
+    assert set(states) == {"torch", "numpy", "python", "cuda"}

@@ -34,7 +34,6 @@ from torch import nn
 from unipar.errors import CheckpointError
 
 STATE_FILE = "unipar_state.json"
-METADATA_FILE = ".metadata"
 _PREFIX = "step_"
 
 
@@ -56,6 +55,13 @@ def _dcp() -> ModuleType:
     return dcp
 
 
+def _safe() -> ModuleType:
+    """:mod:`unipar.runtime.safe_load`, imported with DCP on first use."""
+    from unipar.runtime import safe_load
+
+    return safe_load
+
+
 def checkpoint_name(step: int) -> str:
     return f"{_PREFIX}{step:08d}"
 
@@ -70,7 +76,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
         )
     try:
         state = json.loads((path / STATE_FILE).read_text())
-        _dcp().FileSystemReader(str(path)).read_metadata()
+        _safe().SafeFileSystemReader(str(path)).read_metadata()
         return CheckpointInfo(
             path=path,
             step=int(state["step"]),
@@ -78,6 +84,8 @@ def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
             global_batch_size=int(state["global_batch_size"]),
             plan=state["plan"],
         )
+    except CheckpointError:
+        raise
     except Exception as error:  # any failure to read it means it is not usable
         raise CheckpointError(
             f"checkpoint at {path} is incomplete or corrupt ({type(error).__name__}: {error}); "
@@ -134,9 +142,12 @@ def ensure_writable(directory: str | os.PathLike[str]) -> Path:
 
 
 def _rng_states() -> dict[str, Any]:
+    """Every generator's state as tensors, numbers, strings and lists only, so that it
+    loads with ``torch.load(weights_only=True)``."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
+        "numpy": [name, keys.tolist(), position, has_gauss, cached_gaussian],
         "python": random.getstate(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
@@ -144,8 +155,12 @@ def _rng_states() -> dict[str, Any]:
 
 def _set_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
-    np.random.set_state(states["numpy"])
-    random.setstate(states["python"])
+    name, keys, position, has_gauss, cached_gaussian = states["numpy"]
+    np.random.set_state(
+        (name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached_gaussian)
+    )
+    version, internal, gauss_next = states["python"]
+    random.setstate((version, tuple(internal), gauss_next))
     if states.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
 
@@ -221,13 +236,20 @@ def load_checkpoint(
     rank's random number generator states."""
     info = read_checkpoint(path)
     dcp = _dcp()
+    safe = _safe()
     state, keys = _state_dicts(parts, optimizers)
     try:
-        dcp.load(state, checkpoint_id=str(path))
-    except Exception as error:
+        dcp.load(
+            state,
+            storage_reader=safe.SafeFileSystemReader(str(path)),
+            planner=safe.SafeLoadPlanner(),
+        )
+    except safe.LOAD_ERRORS as error:
+        safe.raise_if_unsafe(error)
         raise CheckpointError(
-            f"could not load checkpoint {path} into this model ({type(error).__name__}: "
-            f"{error}); resume with the model it was written for, or start afresh"
+            f"could not load checkpoint {path} into this model "
+            f"({safe.describe_load_error(error)}); resume with the model it was written for, "
+            "or start afresh"
         ) from error
     options = dcp.state_dict.StateDictOptions(flatten_optimizer_state_dict=True)
     for part, optimizer, (model_keys, optimizer_keys) in zip(parts, optimizers, keys, strict=True):
@@ -242,18 +264,22 @@ def load_checkpoint(
     rank = dist.get_rank() if dist.is_initialized() else 0
     rng_file = path / f"rng_rank{rank}.pt"
     if info.world_size == world_size and rng_file.exists():
-        _set_rng_states(torch.load(rng_file, weights_only=False))
+        _set_rng_states(safe.safe_torch_load(rng_file))
 
 
 def load_model_state(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """The model's full (unsharded) state dict from a checkpoint, in one process."""
+    """The model's full (unsharded) state dict from a checkpoint, in one process.
+    Loading runs no code from the checkpoint (:mod:`unipar.runtime.safe_load`)."""
     info = resolve_resume_path(path)
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as tmp:
-        target = Path(tmp) / "full.pt"
-        dcp_to_torch_save(str(info.path), str(target))
-        return torch.load(target, weights_only=False)["model"]
+    safe = _safe()
+    try:
+        return safe.load_full_state_dict(info.path)["model"]
+    except safe.LOAD_ERRORS as error:
+        safe.raise_if_unsafe(error)
+        raise CheckpointError(
+            f"could not read the model state of checkpoint {info.path} "
+            f"({safe.describe_load_error(error)}); pass a checkpoint unipar wrote"
+        ) from error
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
