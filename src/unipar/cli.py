@@ -4,116 +4,126 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import runpy
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from unipar import validate
 from unipar.errors import ConfigError, UniparError
+from unipar.job_file import check_target, load_job
 from unipar.plan import Plan, Strategy
 from unipar.plan_cli import add_plan_parser
 
 if TYPE_CHECKING:
     from unipar.job import Job
-
-
-def check_target(target: str) -> None:
-    """Fail fast, before Ray starts, on a target that names nothing."""
-    from unipar.recipes import RECIPES
-
-    path = Path(target)
-    if target not in RECIPES and (path.suffix != ".py" or not path.is_file()):
-        raise ConfigError(
-            f"{target!r} is neither a built-in recipe ({', '.join(sorted(RECIPES))}) nor an "
-            "existing .py file"
-        )
-
-
-def load_job(target: str) -> Job:
-    """A built-in recipe by name, or a Python file defining ``job`` (a Job or a
-    function returning one)."""
-    from unipar.job import Job
-    from unipar.recipes import RECIPES, recipe
-
-    check_target(target)
-    if target in RECIPES:
-        return recipe(target)
-    path = Path(target)
-    namespace = runpy.run_path(str(path), run_name="__unipar_job__")
-    job = namespace.get("job")
-    if callable(job) and not isinstance(job, Job):
-        job = job()
-    if not isinstance(job, Job):
-        raise ConfigError(
-            f"{path} must define `job`, a unipar.Job or a function returning one, "
-            f"but it defines {type(job).__name__}"
-        )
-    return job
+    from unipar.runtime.config import RunConfig
 
 
 def _train(args: argparse.Namespace) -> int:
     import ray
 
+    from unipar.ray_connect import check_cluster
     from unipar.ray_session import start_ray
 
+    # Every input is checked here, before Ray starts.
     check_target(args.target)
-    plan = _strategy(args.strategy)  # a bad value fails before Ray starts
+    validate.check_address(args.address)
+    if args.steps is not None:
+        validate.integer("--steps", args.steps, minimum=1)
+    plan = _strategy(args.strategy)
+    options = run_options(args)
+    config = _run_config(options)
+    address = args.address
+    if address and address != "local":
+        address = check_cluster(address)  # within seconds, before anything starts
     # Ray's start is partly waiting on its own processes: load the job (importing torch)
     # meanwhile. Ray stays on the main thread: its processes die with the thread that
     # started them.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="unipar-load-job") as pool:
         loading = pool.submit(load_job, args.target)
-        start_ray(args.address)
         try:
+            start_ray(address, checked=True)
             job = loading.result()
         except BaseException:
             ray.shutdown()
             raise
     try:
-        return _fit_and_report(job, plan, args)
+        return _fit_and_report(job, plan, args, options, config)
     finally:
         ray.shutdown()
 
 
-def _fit_and_report(job: Job, plan: Plan | Strategy, args: argparse.Namespace) -> int:
+def run_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`RunConfig` fields given on the command line (flags left out keep
+    ``fit``'s defaults)."""
+    from unipar.runtime.config import cli_fields
+
+    return {f.name: getattr(args, f.name) for f in cli_fields() if hasattr(args, f.name)}
+
+
+def _run_config(options: dict[str, Any]) -> RunConfig:
+    """Every flag's value checked by the rules of :class:`RunConfig`; errors name the
+    flag rather than the field."""
+    from unipar.runtime.config import RunConfig, cli_fields
+
+    try:
+        return RunConfig(**options)
+    except ConfigError as error:
+        message = str(error)
+        for field in cli_fields():
+            if message.startswith(field.name + " "):
+                flag = field.metadata.get("flag", "--" + field.name.replace("_", "-"))
+                message = flag + message[len(field.name) :]
+        raise type(error)(message) from None
+
+
+def _fit_and_report(
+    job: Job,
+    plan: Plan | Strategy,
+    args: argparse.Namespace,
+    options: dict[str, Any],
+    config: RunConfig,
+) -> int:
     from unipar.runtime.fit import fit
 
     if args.steps is not None:
         job = dataclasses.replace(job, steps=args.steps)
     print(
-        f"unipar: training {job.name} for {job.steps} steps on {args.workers} workers", flush=True
+        f"unipar: training {job.name} for {job.steps} steps on {config.workers} workers",
+        flush=True,
     )
-    result = fit(
-        job,
-        workers=args.workers,
-        plan=plan,
-        cpus_per_worker=args.cpus_per_worker,
-        gpus_per_worker=args.gpus_per_worker,
-        run_dir=args.run_dir,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every,
-        resume=True if args.resume == "latest" else (args.resume or False),
-        max_failures=args.max_failures,
-        address=args.address,
-        progress=not args.no_progress,
-    )
+    result = fit(job, plan=plan, **options)  # joins the Ray instance started above
     print(result.summary())
     return 0
 
 
 def _strategy(value: str) -> Plan | Strategy:
-    """``auto``/``ddp``/``fsdp``/``tp``/``pp``, or the path of a plan's JSON file."""
+    """``auto``/``ddp``/``fsdp``/``tp``/``pp``, or the path of a plan's JSON file (as
+    written by ``Plan.to_json()`` or ``unipar plan ... --json``)."""
     if value.endswith(".json"):
         path = Path(value)
         try:
-            return Plan.from_json(path.read_text())
+            text = path.read_text()
         except OSError as error:
             raise ConfigError(
                 f"cannot read the plan file {path} ({error.strerror or error}); pass a plan "
                 "written by `unipar plan ... --json`, or a strategy name"
             ) from error
+        return Plan.from_json(text, source=f"the plan file {path}")
     return Strategy.parse(value)
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per :class:`RunConfig` field that carries help text (its metadata)."""
+    from unipar.runtime.config import cli_fields
+
+    for field in cli_fields():
+        options = dict(field.metadata)
+        flag = options.pop("flag", "--" + field.name.replace("_", "-"))
+        if not isinstance(field.default, bool) and "default:" not in options["help"]:
+            options["help"] += f" (default: {field.default})"
+        parser.add_argument(flag, dest=field.name, default=argparse.SUPPRESS, **options)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,33 +136,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="gpt-stdlib",
         help="built-in recipe name or a .py file defining `job`",
     )
-    train.add_argument("--workers", type=int, default=2)
     train.add_argument(
         "--strategy",
         default="auto",
         help="auto (the planner chooses and explains), ddp, fsdp, tp, pp (the planner "
-        "completes that strategy), or PLAN.json (a plan as written by Plan.to_json)",
+        "completes that strategy), or PLAN.json (the output of `unipar plan ... --json` "
+        "or of Plan.to_json())",
     )
     train.add_argument(
         "--address",
         default=None,
-        help="address of a running Ray cluster (default: start a local one)",
+        help="HOST:PORT of a running Ray cluster's head (default: start a local one)",
     )
     train.add_argument("--steps", type=int, default=None, help="override the job's steps")
-    train.add_argument("--run-dir", default=None, help="metrics and checkpoints go here")
-    train.add_argument("--checkpoint-dir", default=None, help="default: RUN_DIR/checkpoints")
-    train.add_argument("--checkpoint-every", type=int, default=None)
-    train.add_argument(
-        "--resume",
-        nargs="?",
-        const="latest",
-        default=None,
-        help="resume from the newest checkpoint, or from PATH",
-    )
-    train.add_argument("--cpus-per-worker", type=float, default=1.0)
-    train.add_argument("--gpus-per-worker", type=float, default=0.0)
-    train.add_argument("--max-failures", type=int, default=3)
-    train.add_argument("--no-progress", action="store_true")
+    add_run_options(train)
     train.set_defaults(handler=_train)
     add_plan_parser(commands)
     return parser
@@ -165,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     except UniparError as error:
         print(f"unipar: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("unipar: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from unipar.errors import ConfigError
+from unipar import validate
 
 ModelFactory = Callable[[], nn.Module]
 DatasetFactory = Callable[[], "torch.utils.data.Dataset[Any]"]
@@ -40,8 +40,8 @@ class OptimizerSpec:
     momentum: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ConfigError(f"optimizer lr must be > 0, but got lr={self.lr}")
+        validate.check_optimizer(self)
+        object.__setattr__(self, "kind", OptimizerKind(self.kind))
 
     def build(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
         params = list(params)
@@ -75,6 +75,10 @@ class LRSchedule:
     kind: ScheduleKind = ScheduleKind.CONSTANT
     warmup_steps: int = 0
     min_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        validate.check_schedule(self)
+        object.__setattr__(self, "kind", ScheduleKind(self.kind))
 
     def multiplier(self, step: int, total_steps: int) -> float:
         if self.warmup_steps and step < self.warmup_steps:
@@ -116,16 +120,7 @@ class Job:
     grad_clip_norm: float | None = None
 
     def __post_init__(self) -> None:
-        if self.global_batch_size < 1:
-            raise ConfigError(f"global_batch_size must be >= 1, but got {self.global_batch_size}")
-        if self.steps < 1:
-            raise ConfigError(f"steps must be >= 1, but got {self.steps}")
-        for name in ("model", "dataset", "loss"):
-            if not callable(getattr(self, name)):
-                raise ConfigError(
-                    f"Job.{name} must be callable (a factory or function), "
-                    f"but got {type(getattr(self, name)).__name__}"
-                )
+        validate.check_job(self)
 
     def build_optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
         if isinstance(self.optimizer, OptimizerSpec):

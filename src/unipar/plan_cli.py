@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from unipar import validate
 from unipar.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -80,12 +81,31 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
     ).spec()
 
 
+_SIZES = ("hidden", "layers", "heads", "vocab", "seq", "in_features", "out_features")
+_OPTIONAL_SIZES = ("kv_heads", "ffn_hidden", "gpus_per_node")
+
+
+def check_plan_args(args: argparse.Namespace) -> None:
+    """Every flag of ``unipar plan``, before a model is built or a CPU calibrated."""
+    sizes = [*_SIZES, "global_batch", "nodes"]
+    sizes += [name for name in _OPTIONAL_SIZES if getattr(args, name) is not None]
+    validate.positive_ints("", ((_flag(name), getattr(args, name)) for name in sizes))
+    validate.number("--dropout", args.dropout, minimum=0, below=1)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def run_plan(args: argparse.Namespace) -> int:
+    check_plan_args(args)  # before torch is imported
     from unipar.cluster import cluster_preset
     from unipar.plan.report import plan
 
+    model = model_spec(args)
+    constraints = parse_fix(args.fix)
     cluster = cluster_preset(args.cluster, nodes=args.nodes, devices_per_node=args.gpus_per_node)
-    report = plan(model_spec(args), cluster, args.global_batch, constraints=parse_fix(args.fix))
+    report = plan(model, cluster, args.global_batch, constraints=constraints)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
     else:
@@ -113,7 +133,7 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--cluster",
         default="a100-80g",
-        help="a100-80g, a100-40g, h100-80g, v100-16g or cpu (measured here)",
+        help="a100-80g, a100-40g, h100-80g, h200-141g, v100-16g or cpu (measured here)",
     )
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument(
@@ -121,9 +141,6 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--fix", default=None, help="pin choices, e.g. tp=8,pp=2,dp=4,recompute=full"
-    )
-    parser.add_argument(
-        "--explain", action="store_true", help="print the explanation (the default without --json)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run_plan)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from unipar import validate
 from unipar.errors import ConfigError
 from unipar.models.spec import ModelSpec
 
@@ -28,6 +29,21 @@ class LlamaConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
+        validate.positive_ints(
+            type(self).__name__,
+            (
+                (n, getattr(self, n))
+                for n in (
+                    "vocab_size",
+                    "seq_len",
+                    "hidden",
+                    "layers",
+                    "heads",
+                    "kv_heads",
+                    "ffn_hidden",
+                )
+            ),
+        )
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ConfigError(
                 f"heads must divide hidden and kv_heads must divide heads, but got "

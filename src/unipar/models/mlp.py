@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from unipar import validate
 from unipar.models.spec import ModelSpec
 
 
@@ -19,6 +20,10 @@ class MLPConfig:
     layers: int = 4
     out_features: int = 10
     expansion: int = 4
+
+    def __post_init__(self) -> None:
+        names = ("in_features", "hidden", "layers", "out_features", "expansion")
+        validate.positive_ints("MLPConfig", ((n, getattr(self, n)) for n in names))
 
     def spec(self) -> ModelSpec:
         return ModelSpec(

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from unipar import validate
 from unipar.errors import ConfigError
 
 
@@ -74,9 +75,7 @@ class Mesh:
 
     def __post_init__(self) -> None:
         for axis in fields(self):
-            size = getattr(self, axis.name)
-            if not isinstance(size, int) or size < 1:
-                raise ConfigError(f"mesh axis {axis.name} must be an int >= 1, but got {size!r}")
+            validate.integer(f"mesh axis {axis.name}", getattr(self, axis.name), minimum=1)
 
     @property
     def world_size(self) -> int:
@@ -135,10 +134,21 @@ class Plan:
     sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
-        if self.microbatch_size < 1 or self.num_microbatches < 1:
+        for name in ("microbatch_size", "num_microbatches", "virtual_stages"):
+            validate.integer(f"plan field {name}", getattr(self, name), minimum=1)
+        stages = self.mesh.pp * self.virtual_stages
+        bounds = self.stage_boundaries
+        if bounds and (
+            len(bounds) != stages - 1
+            or any(not isinstance(b, int) or isinstance(b, bool) for b in bounds)
+            or list(bounds) != sorted(set(bounds))
+            or bounds[0] < 1
+        ):
             raise ConfigError(
-                "microbatch_size and num_microbatches must be >= 1, but got "
-                f"microbatch_size={self.microbatch_size}, num_microbatches={self.num_microbatches}"
+                f"plan field stage_boundaries must list the first layer of stages 1..{stages - 1} "
+                f"(pp={self.mesh.pp} x virtual_stages={self.virtual_stages} stages), increasing "
+                f"and >= 1, but got {list(bounds)}; give {stages - 1} layer indices, or [] "
+                "to let the runtime balance the stages"
             )
 
     @property
@@ -181,13 +191,31 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """A plan from :meth:`to_dict`'s form, or from a plan report (the JSON of
+        ``unipar plan --json``, whose ``full_plan`` it takes). ``mesh``,
+        ``microbatch_size`` and ``num_microbatches`` are required; other fields default."""
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"a plan must be a JSON object of plan fields, but got {type(data).__name__}; "
+                "pass the output of `unipar plan ... --json` or of Plan.to_json()"
+            )
+        if isinstance(data.get("full_plan"), dict):
+            data = data["full_plan"]
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"unknown plan fields {sorted(unknown)}; known: {sorted(known)}")
+        missing = [name for name in _REQUIRED if name not in data]
+        if missing:
+            raise ConfigError(
+                f"plan fields {missing} are missing; a plan names at least {list(_REQUIRED)} "
+                '(e.g. {"mesh": {"dp": 2}, "microbatch_size": 4, "num_microbatches": 1})'
+            )
         values = dict(data)
-        if "mesh" in values:
-            values["mesh"] = Mesh(**values["mesh"])
+        values["mesh"] = _mesh(values["mesh"])
+        for name in ("reshard_after_forward", "sequence_parallel"):
+            if name in values:
+                validate.boolean(f"plan field {name}", values[name])
         for name, enum in (
             ("schedule", PipelineSchedule),
             ("recompute", Recompute),
@@ -195,6 +223,9 @@ class Plan:
         ):
             if name in values:
                 values[name] = _enum_value(enum, values[name], name)
+        for name in ("stage_boundaries", "layer_tp"):
+            if name in values and not isinstance(values[name], list):
+                raise ConfigError(f"plan field {name} must be a list, but got {values[name]!r}")
         if "stage_boundaries" in values:
             values["stage_boundaries"] = tuple(values["stage_boundaries"])
         if "layer_tp" in values:
@@ -204,8 +235,28 @@ class Plan:
         return cls(**values)
 
     @classmethod
-    def from_json(cls, text: str) -> Plan:
-        return cls.from_dict(json.loads(text))
+    def from_json(cls, text: str, source: str = "the plan") -> Plan:
+        """A plan from JSON text; ``source`` names it in errors (e.g. the file)."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(
+                f"{source} is not valid JSON: {error.msg} at line {error.lineno}, column "
+                f"{error.colno}; fix it there, or write it again with `unipar plan ... --json`"
+            ) from None
+        return cls.from_dict(data)
+
+
+_REQUIRED = ("mesh", "microbatch_size", "num_microbatches")
+
+
+def _mesh(value: Any) -> Mesh:
+    axes = [axis.name for axis in fields(Mesh)]
+    if not isinstance(value, dict) or set(value) - set(axes):
+        raise ConfigError(
+            f"plan field mesh must be an object with axes among {axes}, but got {value!r}"
+        )
+    return Mesh(**value)
 
 
 def _enum_value(enum: type[Enum], value: Any, name: str) -> Enum:

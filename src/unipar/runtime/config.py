@@ -1,12 +1,26 @@
-"""Settings of one run: where, on how many workers, how it checkpoints and recovers."""
+"""Settings of one run: where, on how many workers, how it checkpoints and recovers.
+
+:class:`RunConfig` is the one description of these settings: ``fit`` builds one from
+its keywords and ``unipar train`` derives its flags from the fields' metadata
+(:func:`option`), so a setting is declared, documented and checked once.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from unipar.errors import ConfigError
+from unipar import validate
+
+
+def cli(help: str, **argparse: Any) -> dict[str, Any]:
+    """Field metadata that makes the field a ``unipar train`` flag: ``help`` is its help
+    text, ``argparse`` extra keywords of ``add_argument`` (``flag`` overrides its name)."""
+    return {"help": help, **argparse}
 
 
 @dataclass(frozen=True)
@@ -14,44 +28,61 @@ class RunConfig:
     """How to run a job. ``resume`` is ``False``, ``True`` (the newest checkpoint in
     ``checkpoint_dir``) or the path of a checkpoint or checkpoint directory."""
 
-    workers: int = 2
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-    run_dir: Path = Path("unipar_runs")
-    checkpoint_dir: Path | None = None
-    checkpoint_every: int | None = None
-    keep_checkpoints: int = 3
-    resume: bool | Path = False
-    max_failures: int = 3
-    address: str | None = None
-    progress: bool = True
-    placement_timeout_s: float = 60.0
+    workers: int = field(default=2, metadata=cli("number of worker processes", type=int))
+    cpus_per_worker: float = field(
+        default=1.0, metadata=cli("CPUs Ray reserves per worker", type=float)
+    )
+    gpus_per_worker: float = field(
+        default=0.0, metadata=cli("GPUs Ray reserves per worker", type=float)
+    )
+    run_dir: Path = field(
+        default=Path("unipar_runs"),
+        metadata=cli(
+            "metrics and checkpoints go here (default: unipar_runs/JOB-DATE-TIME-ID)", type=Path
+        ),
+    )
+    checkpoint_dir: Path | None = field(
+        default=None, metadata=cli("default: RUN_DIR/checkpoints", type=Path)
+    )
+    checkpoint_every: int | None = field(
+        default=None,
+        metadata=cli("steps between checkpoints (default: a tenth of the steps)", type=int),
+    )
+    keep_checkpoints: int = field(
+        default=3, metadata=cli("how many of the newest checkpoints to keep", type=int)
+    )
+    resume: bool | Path = field(
+        default=False,
+        metadata=cli(
+            "resume from the newest checkpoint, or from PATH", nargs="?", const=True, type=Path
+        ),
+    )
+    max_failures: int = field(
+        default=3, metadata=cli("worker failures to recover from before giving up", type=int)
+    )
+    progress: bool = field(
+        default=True,
+        metadata=cli("no live progress bar", flag="--no-progress", action="store_false"),
+    )
+    placement_timeout_s: float = field(
+        default=60.0,
+        metadata=cli(
+            "seconds to wait for resources other jobs hold before giving up",
+            type=float,
+            flag="--placement-timeout",
+        ),
+    )
     collective_timeout_s: float = 300.0
     # The controller takes in step reports at most this often (it shares the workers'
     # cores); a lost worker is still seen within this interval.
     poll_interval_s: float = 0.5
 
     def __post_init__(self) -> None:
-        rules = [
-            (self.workers >= 1, f"workers must be >= 1, but got {self.workers}"),
-            (
-                self.cpus_per_worker > 0 or self.gpus_per_worker > 0,
-                "a worker needs a CPU or a GPU, but got cpus_per_worker="
-                f"{self.cpus_per_worker}, gpus_per_worker={self.gpus_per_worker}",
-            ),
-            (
-                self.keep_checkpoints >= 1,
-                f"keep_checkpoints must be >= 1, but got {self.keep_checkpoints}",
-            ),
-            (self.max_failures >= 0, f"max_failures must be >= 0, but got {self.max_failures}"),
-            (
-                self.checkpoint_every is None or self.checkpoint_every >= 1,
-                f"checkpoint_every must be >= 1 step, but got {self.checkpoint_every}",
-            ),
-        ]
-        for holds, message in rules:
-            if not holds:
-                raise ConfigError(message)
+        validate.check_run_config(self)
+        for name in ("run_dir", "checkpoint_dir", "resume"):  # str -> Path, once checked
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, Path(value))
 
     @property
     def checkpoints(self) -> Path:
@@ -64,5 +95,11 @@ class RunConfig:
         return self.checkpoint_every or max(1, steps // 10)
 
 
+def cli_fields() -> list[dataclasses.Field[Any]]:
+    """The fields that are ``unipar train`` flags, in declaration order."""
+    return [f for f in dataclasses.fields(RunConfig) if "help" in f.metadata]
+
+
 def default_run_dir(job_name: str, root: Path = Path("unipar_runs")) -> Path:
-    return root / f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """``ROOT/JOB-DATE-TIME-ID``: a random ID keeps runs started in the same second apart."""
+    return root / f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from unipar.errors import CheckpointError, ConfigError
+from unipar.errors import CheckpointError
 from unipar.job import Job
 from unipar.plan import Plan, Strategy
 from unipar.ray_session import ray_session
@@ -17,6 +18,7 @@ from unipar.runtime.controller import Callback, Controller
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.progress import format_summary
 from unipar.runtime.worker_group import check_cluster_resources
+from unipar.validate import check_fit_inputs, check_plan_for_run
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ def fit(
     max_failures: int = 3,
     address: str | None = None,
     progress: bool = True,
+    placement_timeout_s: float = 60.0,
     callbacks: Sequence[Callback] = (),
 ) -> FitResult:
     """Train ``job`` on ``workers`` Ray worker processes and return its history.
@@ -77,36 +80,40 @@ def fit(
     explanation printed before training; ``None``: data parallel over ``workers``.
 
     Joins the Ray instance of this process if there is one, else ``address``, else
-    starts an embedded local cluster. Every input is checked before anything is
-    started or written: a bad one raises :class:`~unipar.errors.UniparError`.
+    starts an embedded local cluster. Every input is checked (:mod:`unipar.validate`)
+    before anything is started or written: a bad one raises
+    :class:`~unipar.errors.UniparError`. ``placement_timeout_s``: how long to wait,
+    saying so, when other jobs hold the resources this run needs.
     """
-    run_dir = (Path(run_dir) if run_dir else default_run_dir(job.name)).resolve()
+    check_fit_inputs(job, plan, callbacks, address)
     config = RunConfig(
         workers=workers,
         cpus_per_worker=cpus_per_worker,
         gpus_per_worker=gpus_per_worker,
-        run_dir=run_dir,
-        checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None,
+        run_dir=default_run_dir(job.name) if run_dir is None else run_dir,
+        checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
         keep_checkpoints=keep_checkpoints,
-        resume=resume if isinstance(resume, bool) else Path(resume),
+        resume=resume,
         max_failures=max_failures,
-        address=address,
         progress=progress,
+        placement_timeout_s=placement_timeout_s,
     )
+    run_dir = config.run_dir.resolve()
+    config = dataclasses.replace(config, run_dir=run_dir)
     strategy = None if plan is None or isinstance(plan, Plan) else Strategy.parse(plan)
     if plan is None:
         plan = Plan.data_parallel(workers, job.global_batch_size)
     if isinstance(plan, Plan):
-        _check_plan(job, plan)
+        check_plan_for_run(plan, config.workers, job.global_batch_size)
         _check_model_takes_plan(job, plan)
     resume_from = _resume_point(config)
-    ensure_writable(config.checkpoints)
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
     started = time.perf_counter()
     explanation = None
     with ray_session(address):
         check_cluster_resources(config)
+        ensure_writable(config.checkpoints)
         if strategy is not None:
             plan, explanation = _plan_on_live_cluster(job, config, strategy)
             print(explanation, flush=True)
@@ -129,16 +136,6 @@ def fit(
         plan=plan,
         explanation=explanation,
     )
-
-
-def _check_plan(job: Job, plan: Plan) -> None:
-    if plan.global_batch_size != job.global_batch_size:
-        raise ConfigError(
-            f"the plan's global batch (microbatch_size={plan.microbatch_size} x "
-            f"num_microbatches={plan.num_microbatches} x data replicas="
-            f"{plan.mesh.data_replicas} = {plan.global_batch_size}) must equal the job's "
-            f"global_batch_size={job.global_batch_size}; adjust one of them"
-        )
 
 
 def _check_model_takes_plan(job: Job, plan: Plan) -> None:

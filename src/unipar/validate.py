@@ -1,0 +1,294 @@
+"""Every user-facing input, checked in one place before Ray starts or a model is built.
+
+The command line and the Python API share these rules: ``Job``, ``OptimizerSpec``,
+``LRSchedule``, ``RunConfig``, ``Plan`` and the model configs call them when built;
+``fit`` and ``unipar train`` call :func:`check_fit_inputs`. Each message says what is
+wrong, the value given, and what to do. Pure checks: no torch, no Ray.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from unipar.errors import ConfigError
+
+
+def integer(
+    name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """``value`` as an int within [minimum, maximum]; bools and floats are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(
+            f"{name} must be a whole number, but got {value!r} ({type(value).__name__}); "
+            f"pass an int such as {minimum if minimum is not None else 0}"
+        )
+    _within(name, int(value), minimum, maximum)
+    return int(value)
+
+
+def number(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+) -> float:
+    """``value`` as a finite float, ``minimum <= value <= maximum`` and
+    ``above < value < below`` where given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(
+            f"{name} must be a number, but got {value!r} ({type(value).__name__}); pass a "
+            "float or an int"
+        )
+    if not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, but got {value!r}; pass a real value")
+    _within(name, value, minimum, maximum)
+    if above is not None and not value > above:
+        raise ConfigError(f"{name} must be > {above:g}, but got {value!r}; pass a larger value")
+    if below is not None and not value < below:
+        raise ConfigError(f"{name} must be < {below:g}, but got {value!r}; pass a smaller value")
+    return float(value)
+
+
+def _within(name: str, value: float, minimum: float | None, maximum: float | None) -> None:
+    if minimum is not None and value < minimum:
+        raise ConfigError(
+            f"{name} must be >= {minimum:g}, but got {value!r}; pass {minimum:g} or more"
+        )
+    if maximum is not None and value > maximum:
+        raise ConfigError(
+            f"{name} must be <= {maximum:g}, but got {value!r}; pass {maximum:g} or less"
+        )
+
+
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, but got {value!r}")
+    return value
+
+
+def member(name: str, value: Any, enum: type) -> Any:
+    """``value`` as a member of ``enum``: the member itself or its value."""
+    if isinstance(value, enum):
+        return value
+    try:
+        return enum(value)
+    except (ValueError, TypeError):
+        choices = ", ".join(repr(m.value) for m in enum)  # type: ignore[attr-defined]
+        raise ConfigError(
+            f"{name} must be one of {choices} ({enum.__name__}), but got {value!r}"
+        ) from None
+
+
+def path(name: str, value: Any, *, optional: bool = False) -> Path | None:
+    """A file system path given as ``str`` or ``os.PathLike`` (``None`` if optional)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ConfigError(
+            f"{name} must be a path (str or pathlib.Path), but got {value!r}; pass a directory "
+            "name such as 'runs/a'"
+        )
+    return Path(value)
+
+
+def directory_to_create(name: str, value: Path) -> None:
+    """``value`` is, or can become, a directory this process writes to (nothing created)."""
+    existing = Path(os.path.abspath(value))
+    if existing.exists() and not existing.is_dir():
+        raise ConfigError(f"{name} {value} is a file, not a directory; choose another path")
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(
+            f"{name} {value} cannot be created: {existing} is a file; choose another path"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"{name} {value} is not writable (no write permission on {existing}); choose a "
+            "directory you can write to"
+        )
+
+
+def callable_(name: str, value: Any, what: str) -> None:
+    if not callable(value):
+        raise ConfigError(
+            f"{name} must be callable ({what}), but got {type(value).__name__} {value!r:.60}"
+        )
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+def run_name(name: str, value: Any) -> str:
+    """A name that becomes part of a directory name."""
+    if not isinstance(value, str) or not _NAME.match(value) or len(value) > 100:
+        raise ConfigError(
+            f"{name} must be 1-100 letters, digits, '.', '_', '+' or '-' (it names the run "
+            f"directory), starting with a letter or digit, but got {value!r}"
+        )
+    return value
+
+
+def positive_ints(owner: str, values: Iterable[tuple[str, Any]]) -> None:
+    """Sizes (of a model, a mesh, a cluster) that must be whole numbers >= 1."""
+    for name, value in values:
+        integer(f"{owner}.{name}" if owner else name, value, minimum=1)
+
+
+# --- Jobs ----------------------------------------------------------------------------
+
+
+def check_optimizer(spec: Any) -> None:
+    from unipar.job import OptimizerKind
+
+    member("OptimizerSpec.kind", spec.kind, OptimizerKind)
+    number("OptimizerSpec.lr", spec.lr, above=0)
+    number("OptimizerSpec.weight_decay", spec.weight_decay, minimum=0)
+    number("OptimizerSpec.momentum", spec.momentum, minimum=0)
+    betas = spec.betas
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ConfigError(
+            f"OptimizerSpec.betas must be a pair (beta1, beta2), but got {betas!r}; "
+            "pass e.g. (0.9, 0.95)"
+        )
+    for index, beta in enumerate(betas):
+        number(f"OptimizerSpec.betas[{index}]", beta, minimum=0, below=1)
+
+
+def check_schedule(schedule: Any) -> None:
+    from unipar.job import ScheduleKind
+
+    member("LRSchedule.kind", schedule.kind, ScheduleKind)
+    integer("LRSchedule.warmup_steps", schedule.warmup_steps, minimum=0)
+    number("LRSchedule.min_ratio", schedule.min_ratio, minimum=0, maximum=1)
+
+
+def check_job(job: Any) -> None:
+    from unipar.job import LRSchedule, OptimizerSpec
+
+    callable_("Job.model", job.model, "a factory returning an nn.Module")
+    callable_("Job.dataset", job.dataset, "a factory returning a Dataset")
+    callable_("Job.loss", job.loss, "loss(outputs, targets) -> scalar tensor")
+    integer("Job.global_batch_size", job.global_batch_size, minimum=1)
+    integer("Job.steps", job.steps, minimum=1)
+    if not isinstance(job.optimizer, OptimizerSpec):
+        callable_("Job.optimizer", job.optimizer, "an OptimizerSpec or a factory(params)")
+    if not isinstance(job.lr_schedule, LRSchedule):
+        raise ConfigError(
+            f"Job.lr_schedule must be an LRSchedule, but got {job.lr_schedule!r}; pass "
+            "LRSchedule(ScheduleKind.WARMUP_COSINE, warmup_steps=...) or leave it out"
+        )
+    integer("Job.seed", job.seed, minimum=0, maximum=2**32 - 1)
+    run_name("Job.name", job.name)
+    if job.grad_clip_norm is not None:
+        number("Job.grad_clip_norm", job.grad_clip_norm, above=0)
+
+
+# --- Runs ----------------------------------------------------------------------------
+
+
+def check_run_config(config: Any) -> None:
+    """The rules of every :class:`~unipar.runtime.config.RunConfig` field."""
+    integer("workers", config.workers, minimum=1)
+    cpus = number("cpus_per_worker", config.cpus_per_worker, minimum=0)
+    gpus = number("gpus_per_worker", config.gpus_per_worker, minimum=0)
+    if cpus == 0 and gpus == 0:
+        raise ConfigError(
+            "a worker needs a CPU or a GPU, but got cpus_per_worker=0, gpus_per_worker=0; "
+            "pass cpus_per_worker=1 (--cpus-per-worker 1)"
+        )
+    if gpus > 1 and not gpus.is_integer():
+        raise ConfigError(
+            f"gpus_per_worker above 1 must be a whole number (Ray's rule), but got {gpus:g}; "
+            f"pass {math.floor(gpus)} or {math.ceil(gpus)}"
+        )
+    path("run_dir", config.run_dir)
+    directory_to_create("run_dir", Path(config.run_dir))
+    if path("checkpoint_dir", config.checkpoint_dir, optional=True) is not None:
+        directory_to_create("checkpoint_dir", Path(config.checkpoint_dir))
+    if config.checkpoint_every is not None:
+        integer("checkpoint_every", config.checkpoint_every, minimum=1)
+    integer("keep_checkpoints", config.keep_checkpoints, minimum=1)
+    if not isinstance(config.resume, bool):
+        path("resume", config.resume)
+    integer("max_failures", config.max_failures, minimum=0)
+    boolean("progress", config.progress)
+    for name in ("placement_timeout_s", "collective_timeout_s", "poll_interval_s"):
+        number(name, getattr(config, name), above=0)
+
+
+def check_address(address: Any) -> str | None:
+    """``None`` (start a local cluster), ``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``."""
+    if address is None:
+        return None
+    if isinstance(address, str) and address in ("auto", "local"):
+        return address
+    host, _, port = str(address).removeprefix("ray://").rpartition(":")
+    if not isinstance(address, str) or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(
+            f"address must be HOST:PORT of a Ray cluster's head (e.g. 10.0.0.5:6379), "
+            f"'ray://HOST:PORT' or 'auto', but got {address!r}; leave it out to start a "
+            "local cluster"
+        )
+    return address
+
+
+def check_fit_inputs(job: Any, plan: Any, callbacks: Any, address: Any) -> None:
+    """``fit``'s arguments that are not run settings."""
+    from unipar.job import Job
+    from unipar.plan import Plan, Strategy
+    from unipar.runtime.controller import Callback
+
+    if not isinstance(job, Job):
+        raise ConfigError(
+            f"job must be a unipar.Job, but got {type(job).__name__}; build one with "
+            "Job(model=..., dataset=..., global_batch_size=..., steps=...)"
+        )
+    if not (plan is None or isinstance(plan, (Plan, Strategy, str))):
+        raise ConfigError(
+            f"plan must be a Plan, a Strategy, a strategy name or None, but got "
+            f"{type(plan).__name__}; pass e.g. plan='auto'"
+        )
+    if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
+        raise ConfigError(f"callbacks must be a sequence of Callback, but got {callbacks!r}")
+    for callback in callbacks:
+        if not isinstance(callback, Callback):
+            raise ConfigError(
+                f"callbacks must be unipar.Callback instances, but got "
+                f"{type(callback).__name__}; subclass unipar.Callback"
+            )
+    check_address(address)
+
+
+def check_plan_for_run(plan: Any, workers: int, global_batch_size: int) -> None:
+    """A plan fits the run: one worker per mesh position, and the job's batch."""
+    from unipar.plan import GradSync
+
+    mesh = plan.mesh
+    if mesh.world_size != workers:
+        raise ConfigError(
+            f"the plan's mesh needs {mesh.world_size} workers (pp={mesh.pp} x dp={mesh.dp} x "
+            f"fsdp={mesh.fsdp} x tp={mesh.tp}), but workers={workers}; pass workers="
+            f"{mesh.world_size} (--workers {mesh.world_size}) or a plan for {workers} workers"
+        )
+    if plan.grad_sync is GradSync.PARAMETER_SERVER:
+        raise ConfigError(
+            "grad_sync='parameter_server' is not supported yet (gradients are all-reduced); "
+            "pass grad_sync='all_reduce' or leave it out"
+        )
+    if plan.global_batch_size != global_batch_size:
+        raise ConfigError(
+            f"the plan's global batch (microbatch_size={plan.microbatch_size} x "
+            f"num_microbatches={plan.num_microbatches} x data replicas="
+            f"{mesh.data_replicas} = {plan.global_batch_size}) must equal the job's "
+            f"global_batch_size={global_batch_size}; adjust one of them"
+        )
