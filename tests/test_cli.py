@@ -47,7 +47,16 @@ def test_train_user_file_then_resume(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     assert "loss" in first.stdout and "step_00000004" in first.stdout
     assert "chosen: " in first.stdout  # --strategy auto explains its plan first
-    (tmp_path / "plan.json").write_text(Plan.data_parallel(2, 8, microbatch_size=2).to_json())
+    # The output of `unipar plan --json` is a plan `unipar train --strategy` takes.
+    planned = _unipar(
+        *("plan", "gpt", "--hidden", "32", "--layers", "2", "--heads", "2", "--vocab", "64"),
+        *("--seq", "16", "--global-batch", "8", "--cluster", "a100-80g", "--gpus-per-node", "2"),
+        *("--fix", "dp=2,microbatch=2", "--json"),
+        cwd=tmp_path,
+    )
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    (tmp_path / "plan.json").write_text(planned.stdout)
+    assert Plan.from_json(planned.stdout) == Plan.data_parallel(2, 8, microbatch_size=2)
     again = _unipar(
         "train",
         "my_job.py",

@@ -43,13 +43,64 @@ def test_every_searched_plan_round_trips():
     assert "chosen:" in report.explain() and "next best" in report.explain()
 
 
-def test_bad_plan_json_names_the_field():
-    with pytest.raises(ConfigError, match=r"unknown plan fields \['meshes'\]"):
-        Plan.from_dict({"meshes": {}})
-    with pytest.raises(ConfigError, match=r"schedule must be one of 'gpipe', '1f1b'"):
-        Plan.from_dict({"schedule": "zigzag"})
-    with pytest.raises(ConfigError, match="mesh axis tp must be an int >= 1, but got 0"):
-        Plan.from_dict({"mesh": {"tp": 0}})
+MINIMAL = {"mesh": {"dp": 2}, "microbatch_size": 4, "num_microbatches": 1}
+
+
+@pytest.mark.parametrize(
+    ("changes", "pattern"),
+    [
+        ({"meshes": {}}, r"unknown plan fields \['meshes'\]"),
+        ({"schedule": "zigzag"}, r"schedule must be one of 'gpipe', '1f1b'"),
+        ({"mesh": {"tp": 0}}, "mesh axis tp must be >= 1, but got 0"),
+        ({"mesh": {"tp": "2"}}, "mesh axis tp must be a whole number"),
+        ({"mesh": {"xp": 2}}, r"mesh must be an object with axes among \['pp', 'dp'"),
+        ({"mesh": [2]}, "mesh must be an object"),
+        ({"microbatch_size": "4"}, "plan field microbatch_size must be a whole number"),
+        ({"num_microbatches": 0}, "plan field num_microbatches must be >= 1"),
+        ({"virtual_stages": 0}, "plan field virtual_stages must be >= 1"),
+        ({"recompute": "some"}, "recompute must be one of 'none', 'full'"),
+        ({"reshard_after_forward": "yes"}, "reshard_after_forward must be True or False"),
+        ({"layer_tp": ["diagonal"]}, "layer_tp must be one of 'replicate'"),
+        ({"layer_tp": "megatron"}, "layer_tp must be a list"),
+        ({"mesh": {"pp": 2}, "stage_boundaries": [3, 5]}, r"stages 1\.\.1 \(pp=2 x"),
+        ({"mesh": {"pp": 2}, "stage_boundaries": [0]}, "increasing and >= 1, but got \\[0\\]"),
+        ({"mesh": {"pp": 3}, "stage_boundaries": [4, 2]}, "increasing"),
+    ],
+)
+def test_bad_plan_json_names_the_field(changes, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        Plan.from_dict({**MINIMAL, **changes})
+
+
+def test_plan_json_parse_errors_give_line_and_column():
+    text = '{\n  "mesh": {"dp": 2},\n  "microbatch_size": 4,\n}'
+    with pytest.raises(ConfigError, match=r"plan.json is not valid JSON: .* line 4, column 1"):
+        Plan.from_json(text, source="plan.json")
+
+
+def test_missing_plan_fields_are_named():
+    with pytest.raises(ConfigError, match=r"plan fields \['microbatch_size', 'num_microbatches'\]"):
+        Plan.from_dict({"mesh": {"dp": 2}})
+    with pytest.raises(ConfigError, match="a plan must be a JSON object"):
+        Plan.from_json("[1, 2]")
+
+
+def test_plan_report_json_is_a_plan():
+    """What `unipar plan --json` prints is what `unipar train --strategy` reads."""
+    import contextlib
+    import io
+
+    from unipar.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["plan", "gpt", "--layers", "2", "--global-batch", "16", "--json"])
+    report = json.loads(out.getvalue())
+    parsed = Plan.from_json(out.getvalue())
+    assert parsed.to_dict() == report["full_plan"]
+    assert (parsed.mesh.tp, parsed.mesh.pp, parsed.mesh.dp) == tuple(
+        report["plan"][k] for k in ("tp", "pp", "dp")
+    )
 
 
 def test_mesh_coordinates_put_tp_innermost():

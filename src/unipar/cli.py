@@ -34,6 +34,12 @@ def _train(args: argparse.Namespace) -> int:
     plan = _strategy(args.strategy)
     options = run_options(args)
     config = _run_config(options)
+    if isinstance(plan, Plan):
+        validate.check_plan_for_run(plan, config.workers)
+    if config.resume or "run_dir" in options or "checkpoint_dir" in options:
+        from unipar.runtime.checkpoint import resume_point
+
+        resume_point(config.resume, config.checkpoints)
     address = args.address
     if address and address != "local":
         address = check_cluster(address)  # within seconds, before anything starts

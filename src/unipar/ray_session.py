@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,18 +57,37 @@ def start_ray(address: str | None, *, num_cpus: int | None = None, checked: bool
 
 def require_resources(per_unit: dict[str, float], units: int, unit: str) -> None:
     """Fail at once, before anything starts, when the cluster is too small in total for
-    ``units`` processes (``unit``: "worker", "actor") of ``per_unit`` resources each."""
+    ``units`` processes (``unit``: "worker", "actor") of ``per_unit`` resources each.
+    (Resources that other jobs hold are waited for: :func:`reserve_bundles`.)"""
     from unipar.errors import ResourceError
 
     total = ray.cluster_resources()
     for resource, each in per_unit.items():
         have = total.get(resource, 0.0)
         if each and each * units > have:
+            fits = int(have // each)
+            if fits >= 1:
+                advice = f"use at most {fits} {unit}s, fewer {resource}s per {unit}"
+            elif have > 0:
+                advice = f"use at most {have:g} {resource}s per {unit}"
+            else:
+                advice = f"run without {resource}s ({resource.lower()}s_per_{unit}=0)"
             raise ResourceError(
                 f"the run needs {each * units:g} {resource}s ({units} {unit}s x {each:g} "
-                f"{resource} each), but the Ray cluster has {have:g}; use at most "
-                f"{int(have // each)} {unit}s, fewer {resource}s per {unit}, or a larger cluster"
+                f"{resource} each), but the Ray cluster has {have:g}; {advice}, or a "
+                "larger cluster"
             )
+
+
+def _shortfall(bundle: dict[str, float], count: int) -> str:
+    """What of ``count`` x ``bundle`` is not free now, e.g. "2 CPUs (1 free of 4)"."""
+    free, total = ray.available_resources(), ray.cluster_resources()
+    short = [
+        f"{each * count:g} {name}s ({free.get(name, 0.0):g} free of {total.get(name, 0.0):g})"
+        for name, each in bundle.items()
+        if each and each * count > free.get(name, 0.0)
+    ]
+    return ", ".join(short)
 
 
 def reserve_bundles(
@@ -77,20 +97,33 @@ def reserve_bundles(
     *,
     strategy: str = "PACK",
     timeout_s: float = 60.0,
+    notice_after_s: float = 1.0,
 ) -> Any:
-    """A placement group of ``count`` copies of ``bundle``, ready; if the cluster cannot
-    place it within ``timeout_s``, it is removed and a ResourceError says why."""
+    """A placement group of ``count`` copies of ``bundle``, ready. When other jobs hold
+    the resources, it says so on stderr after ``notice_after_s`` and waits; if they are
+    not free within ``timeout_s``, the group is removed and a ResourceError says why."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
     from unipar.errors import ResourceError
 
     group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
-    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    ready, _ = ray.wait([group.ready()], timeout=min(notice_after_s, timeout_s))
     if not ready:
+        busy = _shortfall(bundle, count) or f"{count} {unit}s of {bundle} on few enough nodes"
+        print(
+            f"unipar: waiting up to {timeout_s:g} s for {busy}: other jobs hold them "
+            "(placement_timeout_s / --placement-timeout sets the wait)",
+            file=sys.stderr,
+            flush=True,
+        )
+        ready, _ = ray.wait([group.ready()], timeout=max(0.0, timeout_s - notice_after_s))
+    if not ready:
+        busy = _shortfall(bundle, count)
         remove_placement_group(group)
         raise ResourceError(
-            f"could not place {count} {unit}s of {bundle} within {timeout_s:g} s: the "
-            f"cluster's nodes do not have these resources free (free now: "
-            f"{ray.available_resources()}); use fewer or smaller {unit}s"
+            f"could not place {count} {unit}s of {bundle} within {timeout_s:g} s: "
+            f"{'the cluster has ' + busy if busy else 'no node has room for them'}; wait for "
+            f"other jobs to finish, use fewer or smaller {unit}s, or wait longer "
+            "(placement_timeout_s / --placement-timeout)"
         )
     return group

@@ -269,8 +269,9 @@ def check_fit_inputs(job: Any, plan: Any, callbacks: Any, address: Any) -> None:
     check_address(address)
 
 
-def check_plan_for_run(plan: Any, workers: int, global_batch_size: int) -> None:
-    """A plan fits the run: one worker per mesh position, and the job's batch."""
+def check_plan_for_run(plan: Any, workers: int, global_batch_size: int | None = None) -> None:
+    """A plan the runtime can run on ``workers`` workers (one per mesh position), for a
+    job of ``global_batch_size`` samples per step (when known)."""
     from unipar.plan import GradSync
 
     mesh = plan.mesh
@@ -285,7 +286,7 @@ def check_plan_for_run(plan: Any, workers: int, global_batch_size: int) -> None:
             "grad_sync='parameter_server' is not supported yet (gradients are all-reduced); "
             "pass grad_sync='all_reduce' or leave it out"
         )
-    if plan.global_batch_size != global_batch_size:
+    if global_batch_size is not None and plan.global_batch_size != global_batch_size:
         raise ConfigError(
             f"the plan's global batch (microbatch_size={plan.microbatch_size} x "
             f"num_microbatches={plan.num_microbatches} x data replicas="

@@ -126,6 +126,23 @@ def resolve_resume_path(path: str | os.PathLike[str]) -> CheckpointInfo:
     return read_checkpoint(path)
 
 
+def resume_point(resume: bool | Path, checkpoints: Path) -> Path | None:
+    """The checkpoint a run starts from (``resume``: ``False``, ``True`` for the newest
+    in ``checkpoints``, or a path), checked now; refuses to overwrite old checkpoints."""
+    if resume is True:
+        return resolve_resume_path(checkpoints).path
+    if resume:
+        return resolve_resume_path(resume).path
+    existing = list_checkpoints(checkpoints)
+    if existing:
+        raise CheckpointError(
+            f"checkpoint directory {checkpoints} already holds checkpoints (newest: "
+            f"{existing[-1].name}); pass resume=True (--resume) to continue that run, or "
+            "choose another directory so they are not overwritten"
+        )
+    return None
+
+
 def ensure_writable(directory: str | os.PathLike[str]) -> Path:
     """Create ``directory`` if needed and prove a file can be written there."""
     directory = Path(directory)

@@ -2,7 +2,7 @@
 
 :class:`RunConfig` is the one description of these settings: ``fit`` builds one from
 its keywords and ``unipar train`` derives its flags from the fields' metadata
-(:func:`option`), so a setting is declared, documented and checked once.
+(:func:`cli`), so a setting is declared, documented and checked once.
 """
 
 from __future__ import annotations

@@ -8,11 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from unipar.errors import CheckpointError
 from unipar.job import Job
 from unipar.plan import Plan, Strategy
 from unipar.ray_session import ray_session
-from unipar.runtime.checkpoint import ensure_writable, list_checkpoints, resolve_resume_path
+from unipar.runtime.checkpoint import ensure_writable, resume_point
 from unipar.runtime.config import RunConfig, default_run_dir
 from unipar.runtime.controller import Callback, Controller
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
@@ -107,7 +106,7 @@ def fit(
     if isinstance(plan, Plan):
         check_plan_for_run(plan, config.workers, job.global_batch_size)
         _check_model_takes_plan(job, plan)
-    resume_from = _resume_point(config)
+    resume_from = resume_point(config.resume, config.checkpoints)
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
     started = time.perf_counter()
     explanation = None
@@ -170,19 +169,3 @@ def _plan_on_live_cluster(job: Job, config: RunConfig, strategy: Strategy) -> tu
     report = plan_job(job, cluster, strategy)
     _check_model_takes_plan(job, report.best.plan)
     return report.best.plan, report.explain()
-
-
-def _resume_point(config: RunConfig) -> Path | None:
-    """The checkpoint to start from, checked now; refuses to overwrite old checkpoints."""
-    if config.resume is True:
-        return resolve_resume_path(config.checkpoints).path
-    if config.resume:
-        return resolve_resume_path(config.resume).path
-    existing = list_checkpoints(config.checkpoints)
-    if existing:
-        raise CheckpointError(
-            f"checkpoint directory {config.checkpoints} already holds checkpoints (newest: "
-            f"{existing[-1].name}); pass resume=True (--resume) to continue that run, or "
-            "choose another directory so they are not overwritten"
-        )
-    return None
