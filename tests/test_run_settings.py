@@ -1,0 +1,86 @@
+"""Run settings: one declaration (RunConfig) behind fit and the command line; default
+run directories that never collide; resources that other jobs hold are waited for,
+visibly, then refused with what is free."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from unipar import ResourceError, fit
+from unipar.cli import build_parser, run_options
+from unipar.ray_session import reserve_bundles
+from unipar.runtime.config import RunConfig, cli_fields, default_run_dir
+
+
+def test_fit_keywords_are_the_run_config_fields_with_the_same_defaults():
+    parameters = inspect.signature(fit).parameters
+    for field in cli_fields():
+        assert field.name in parameters, field.name
+        if field.name != "run_dir":  # fit: None = a fresh default_run_dir
+            assert parameters[field.name].default == field.default, field.name
+
+
+def test_every_flag_reaches_fit_under_its_field_name():
+    every = [
+        *("train", "job.py", "--workers", "3", "--cpus-per-worker", "2", "--gpus-per-worker"),
+        *("0.5", "--run-dir", "r", "--checkpoint-dir", "c", "--checkpoint-every", "7"),
+        *("--keep-checkpoints", "4", "--resume", "--max-failures", "0", "--no-progress"),
+        *("--placement-timeout", "9"),
+    ]
+    options = run_options(build_parser().parse_args(every))
+    assert set(options) == {f.name for f in cli_fields()}
+    config = RunConfig(**options)
+    assert (config.workers, config.cpus_per_worker, config.gpus_per_worker) == (3, 2.0, 0.5)
+    assert (config.run_dir, config.checkpoint_dir, config.resume) == (Path("r"), Path("c"), True)
+    assert (config.checkpoint_every, config.keep_checkpoints, config.max_failures) == (7, 4, 0)
+    assert config.progress is False and config.placement_timeout_s == 9.0
+    assert run_options(build_parser().parse_args(["train"])) == {}  # fit's defaults apply
+    assert {f.name for f in fields(RunConfig)} - set(options) == {
+        "collective_timeout_s",
+        "poll_interval_s",
+    }
+
+
+def test_default_run_dirs_started_in_the_same_second_differ():
+    first, second = default_run_dir("job"), default_run_dir("job")
+    assert first != second
+    pattern = r"job-\d{8}-\d{6}-[0-9a-f]{6}"
+    assert re.fullmatch(pattern, first.name) and re.fullmatch(pattern, second.name)
+
+
+@pytest.fixture
+def three_cpus_held(ray_cluster):
+    """Another job holding 3 of the 4 CPUs."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    group = placement_group([{"CPU": 3}])
+    ray_cluster.get(group.ready(), timeout=60)
+    yield group
+    remove_placement_group(group)
+
+
+def test_busy_resources_are_waited_for_visibly_then_refused(three_cpus_held, capsys):
+    started = time.monotonic()
+    with pytest.raises(ResourceError) as raised:
+        reserve_bundles({"CPU": 1}, 2, "worker", timeout_s=2, notice_after_s=0.5)
+    assert time.monotonic() - started < 10
+    waited = capsys.readouterr().err
+    assert re.search(r"waiting up to 2 s for 2 CPUs \(1 free of 4\): other jobs hold", waited)
+    message = str(raised.value)
+    assert "the cluster has 2 CPUs (1 free of 4)" in message and "--placement-timeout" in message
+
+
+def test_a_run_starts_once_the_resources_are_freed(three_cpus_held, capsys):
+    from ray.util.placement_group import remove_placement_group
+
+    threading.Timer(1.5, remove_placement_group, args=(three_cpus_held,)).start()
+    group = reserve_bundles({"CPU": 1}, 2, "worker", timeout_s=60, notice_after_s=0.5)
+    remove_placement_group(group)
+    assert "waiting up to 60 s for 2 CPUs" in capsys.readouterr().err
