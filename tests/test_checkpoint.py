@@ -154,3 +154,10 @@ def test_rng_state_file_holds_only_plain_data(tmp_path):
     path, _, _ = _checkpoint(tmp_path)
     states = torch.load(path / "rng_rank0.pt", weights_only=True)
     assert set(states) == {"torch", "numpy", "python", "cuda"}
+
+
+def test_damaged_rng_state_is_reported_as_corrupt_not_as_crafted(tmp_path):
+    path, model, optimizer = _checkpoint(tmp_path)
+    (path / "rng_rank0.pt").write_bytes(b"\x00garbage")
+    with pytest.raises(CheckpointError, match=r"incomplete or corrupt: rng_rank0\.pt cannot be"):
+        load_checkpoint(path, parts=[model], optimizers=[optimizer])

@@ -72,13 +72,15 @@ def _every_plan(profile, devices_per_node, devices, batch, heads):
 
 
 @pytest.mark.parametrize(
-    ("hidden", "layers", "heads", "seq", "devices", "batch", "memory_gib"),
+    ("hidden", "layers", "heads", "seq", "devices", "batch", "memory_gib", "memory_binds"),
     [
-        (1024, 6, 16, 1024, 4, 8, 80),  # memory is no object
-        (2048, 6, 16, 2048, 4, 8, 12),  # memory rules plans out
+        (1024, 6, 16, 1024, 4, 8, 80, False),  # memory is no object
+        (2048, 6, 16, 2048, 4, 8, 12, True),  # memory rules plans out
     ],
 )
-def test_search_matches_brute_force(hidden, layers, heads, seq, devices, batch, memory_gib):
+def test_search_matches_brute_force(
+    hidden, layers, heads, seq, devices, batch, memory_gib, memory_binds
+):
     config = GPTConfig(vocab_size=8192, seq_len=seq, hidden=hidden, layers=layers, heads=heads)
     spec = config.spec()
     profile = analyze(
@@ -89,7 +91,7 @@ def test_search_matches_brute_force(hidden, layers, heads, seq, devices, batch, 
 
     cluster = replace(base, device=replace(base.device, memory_gib=memory_gib))
     model = CostModel(profile, cluster)
-    best_time, count = float("inf"), 0
+    best_time, count, over_memory = float("inf"), 0, 0
     # Stages start at a block (never at the first: the embeddings stay with it).
     block_starts = [i for i, x in enumerate(profile.layers) if x.kind is LayerKind.BLOCK][1:]
     for plan in _every_plan(profile, devices, devices, batch, heads):
@@ -100,10 +102,14 @@ def test_search_matches_brute_force(hidden, layers, heads, seq, devices, batch, 
             count += 1
             if estimate.fits:
                 best_time = min(best_time, estimate.step_time_s)
+            else:
+                over_memory += 1
     found = search(profile, cluster, batch)
     assert count > found.evaluated  # brute force saw every partition too
     assert found.best.estimate.step_time_s == pytest.approx(best_time, rel=1e-12)
-    assert found.rejected or memory_gib == 80
+    # The search rejects plans for memory exactly when some plan is over memory.
+    assert (over_memory > 0) is memory_binds
+    assert bool(found.rejected) is memory_binds
 
 
 def test_balanced_partition_is_optimal():

@@ -61,11 +61,6 @@ class LayerProfile:
     output_elems: float
     splittable_modules: int = 0  # nn.Linear and nn.Embedding inside: what tp splits
 
-    @property
-    def backward_flops(self) -> float:
-        """Gradients for inputs and for weights: twice the forward (Narayanan et al. 2021)."""
-        return 2 * self.forward_flops
-
 
 @dataclass(frozen=True)
 class ModelProfile:

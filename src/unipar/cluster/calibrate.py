@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -92,34 +93,80 @@ def calibrated_cpu_cluster(
 
     Measured once per machine (about 20 s: one process for arithmetic, then two gloo
     processes for collectives and the framework's per-operation costs) and kept in
-    ``cache_dir`` (default ``~/.cache/unipar``), keyed by host, core count and torch
-    version."""
+    ``cache_dir`` (default ``~/.cache/unipar``) for :data:`MAX_AGE_S`, keyed by what the
+    numbers depend on (:func:`machine`): another CPU, core count, memory size or torch
+    version measures again."""
     device, link = _cached_measurement(cache_dir or Path.home() / ".cache" / "unipar")
     device = replace(device, memory_gib=device.memory_gib / devices_per_node)
     return ClusterSpec("cpu", nodes, devices_per_node, device, link, link)
 
 
-_CACHE_VERSION = 10
+_CACHE_VERSION = 11
+MAX_AGE_S = 30 * 24 * 3600  # clocks, kernels and neighbours drift: measure monthly
 
 
-def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
-    key = f"v{_CACHE_VERSION}-{platform.node()}-{os.cpu_count()}-{torch.__version__}"
-    path = cache_dir / f"cpu-calibration-{key}.json"
+def machine() -> dict[str, object]:
+    """What a calibration depends on: the host, its CPU model and core count, memory,
+    the torch build, and the calibration's own version."""
+    return {
+        "version": _CACHE_VERSION,
+        "host": platform.node(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "memory_gib": round(_memory_gib()),
+        "torch": torch.__version__,
+    }
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
+
+
+def cache_file(cache_dir: Path, about: dict[str, object]) -> Path:
+    digest = hashlib.sha256(json.dumps(about, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir / f"cpu-calibration-{digest}.json"
+
+
+def read_cache(
+    path: Path, about: dict[str, object], now: float | None = None
+) -> tuple[DeviceSpec, LinkSpec] | None:
+    """The cached measurement, if it was taken on this machine within MAX_AGE_S."""
     try:
         data = json.loads(path.read_text())
+        age = (time.time() if now is None else now) - float(data["measured_at"])
+        if data["machine"] != about or not 0 <= age <= MAX_AGE_S:
+            return None
         device = DeviceSpec(**{**data["device"], "precision": Precision(data["precision"])})
         return device, LinkSpec(**data["link"])
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # absent or unreadable: measure again
-    device, link = _measure()
+        return None  # absent or unreadable: measure again
+
+
+def write_cache(path: Path, about: dict[str, object], device: DeviceSpec, link: LinkSpec) -> None:
     record = {
+        "machine": about,
+        "measured_at": time.time(),
         "device": {k: v for k, v in asdict(device).items() if k != "precision"},
         "precision": device.precision.value,
         "link": asdict(link),
     }
     with contextlib.suppress(OSError):  # a read-only home only costs a re-measurement
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1))
+
+
+def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
+    about = machine()
+    path = cache_file(cache_dir, about)
+    cached = read_cache(path, about)
+    if cached is not None:
+        return cached
+    device, link = _measure()
+    write_cache(path, about, device, link)
     return device, link
 
 

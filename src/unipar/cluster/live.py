@@ -8,7 +8,7 @@ from unipar.cluster.spec import PRESETS, ClusterSpec
 from unipar.errors import ResourceError
 
 # Ray's accelerator_type resource names -> presets with that device.
-_GPU_PRESETS = {"H100": "h100-80g", "H200": "h100-80g", "A100": "a100-80g", "V100": "v100-16g"}
+_GPU_PRESETS = {"H100": "h100-80g", "H200": "h200-141g", "A100": "a100-80g", "V100": "v100-16g"}
 
 
 def live_cluster_spec(

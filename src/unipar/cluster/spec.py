@@ -132,6 +132,9 @@ _H100_80 = DeviceSpec(
     kernel_overhead_s=6e-6,
     reserved_gib=3.0,
 )
+# H200 SXM (NVIDIA H200 datasheet, 2024): the H100's compute (989 TFLOP/s dense bf16)
+# with 141 GB of HBM3e at 4.8 TB/s; NVLink 4 as on the H100 (900 GB/s both ways).
+_H200_141 = replace(_H100_80, name="H200-SXM-141GB", memory_gib=141, memory_bandwidth=4.8e12)
 _V100_16 = DeviceSpec(
     name="V100-SXM2-16GB",
     memory_gib=16,
@@ -156,6 +159,14 @@ PRESETS: dict[str, ClusterSpec] = {
         LinkSpec(bandwidth=360e9, latency_s=8e-6),  # NVLink 4: 450 GB/s one way
         LinkSpec(bandwidth=8 * 45e9, latency_s=12e-6),  # 8 x NDR 400 Gb/s
     ),
+    "h200-141g": ClusterSpec(
+        "h200-141g",
+        1,
+        8,
+        _H200_141,
+        LinkSpec(bandwidth=360e9, latency_s=8e-6),  # NVLink 4: 450 GB/s one way
+        LinkSpec(bandwidth=8 * 45e9, latency_s=12e-6),  # 8 x NDR 400 Gb/s
+    ),
     "v100-16g": ClusterSpec(
         "v100-16g",
         1,
@@ -170,7 +181,8 @@ PRESETS: dict[str, ClusterSpec] = {
 def cluster_preset(
     name: str, *, nodes: int = 1, devices_per_node: int | None = None
 ) -> ClusterSpec:
-    """A preset by name (``a100-80g``, ``a100-40g``, ``h100-80g``, ``v100-16g``, ``cpu``)."""
+    """A preset by name (``a100-80g``, ``a100-40g``, ``h100-80g``, ``h200-141g``,
+    ``v100-16g``, ``cpu``)."""
     if name == "cpu":
         from unipar.cluster.calibrate import calibrated_cpu_cluster
 

@@ -9,6 +9,7 @@ from unipar.lazy import lazy_exports
 from unipar.plan.representation import (
     GradSync,
     Mesh,
+    MeshAxis,
     PipelineSchedule,
     Plan,
     Recompute,
@@ -32,6 +33,7 @@ __all__ = [
     "Constraints",
     "GradSync",
     "Mesh",
+    "MeshAxis",
     "PipelineSchedule",
     "Plan",
     "PlanReport",

@@ -34,6 +34,7 @@ from unipar.analysis.profile import LayerKind, LayerProfile, ModelProfile
 from unipar.cluster.spec import GIB, ClusterSpec, LinkSpec
 from unipar.plan.representation import (
     Mesh,
+    MeshAxis,
     PipelineSchedule,
     Plan,
     Recompute,
@@ -43,7 +44,7 @@ from unipar.plan.representation import (
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master weights, Adam momentum and variance
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
 ADAM_STEP_BYTES_PER_PARAM = 30  # read weights, grads, master, m, v; write weights, master, m, v
-_AXIS_ORDER = ("tp", "fsdp", "dp", "pp")  # innermost (within a node) first
+_AXIS_ORDER = (MeshAxis.TP, MeshAxis.FSDP, MeshAxis.DP, MeshAxis.PP)  # innermost first
 
 
 @dataclass(frozen=True)
@@ -98,21 +99,21 @@ class Estimate:
         return self.time.total_s
 
 
-def group_span(mesh: Mesh, axis: str, devices_per_node: int) -> tuple[int, int]:
+def group_span(mesh: Mesh, axis: MeshAxis, devices_per_node: int) -> tuple[int, int]:
     """(devices of one group on one node, nodes the group spans) for a mesh axis, with
     axes laid out innermost first in the order tp, fsdp, dp, pp."""
-    size = getattr(mesh, axis)
-    stride = math.prod(getattr(mesh, a) for a in _AXIS_ORDER[: _AXIS_ORDER.index(axis)])
+    size = mesh.size(axis)
+    stride = math.prod(mesh.size(a) for a in _AXIS_ORDER[: _AXIS_ORDER.index(axis)])
     per_node = 1 if stride >= devices_per_node else max(1, min(size, devices_per_node // stride))
     return per_node, math.ceil(size / per_node)
 
 
 def ring_time(
-    nbytes: float, mesh: Mesh, axis: str, cluster: ClusterSpec, *, fraction: float
+    nbytes: float, mesh: Mesh, axis: MeshAxis, cluster: ClusterSpec, *, fraction: float
 ) -> float:
     """One collective over ``axis``: ``fraction`` is 2 for all-reduce, 1 for reduce-scatter
     or all-gather (times (n-1)/n of the data per device, per level)."""
-    size = getattr(mesh, axis)
+    size = mesh.size(axis)
     if size == 1 or nbytes == 0:
         return 0.0
     per_node, nodes = group_span(mesh, axis, cluster.devices_per_node)
@@ -184,7 +185,7 @@ def layer_time(
         split = layer.splittable_modules if style is TensorParallelStyle.MEGATRON else 1
         compute += passes * split * cluster.device.sharded_op_overhead_s
     message = layer.output_elems * b * cluster.device.bytes_per_element
-    one = ring_time(message, plan.mesh, "tp", cluster, fraction=2)
+    one = ring_time(message, plan.mesh, MeshAxis.TP, cluster, fraction=2)
     comm_passes = 2 + (plan.recompute is Recompute.FULL)
     return compute, tp_allreduces(layer) * comm_passes * one
 
@@ -302,15 +303,9 @@ class CostModel:
         return self._loads[key]
 
     def estimate(self, plan: Plan, stages: list[list[int]]) -> Estimate:
+        """Predict ``plan`` with layers split into ``stages`` (pp x virtual_stages chunks
+        of layer indices, in order; chunk ``c`` runs on pipeline rank ``c % pp``)."""
         return _estimate(self, plan, stages)
-
-
-def estimate(
-    profile: ModelProfile, plan: Plan, cluster: ClusterSpec, stages: list[list[int]]
-) -> Estimate:
-    """Predict ``plan`` with layers split into ``stages`` (pp x virtual_stages chunks of
-    layer indices, in order; chunk ``c`` runs on pipeline rank ``c % pp``)."""
-    return CostModel(profile, cluster).estimate(plan, stages)
 
 
 def _fsdp_framework_time(model: CostModel, plan: Plan, loads: RankLoads) -> float:
@@ -344,7 +339,7 @@ def _estimate(model: CostModel, plan: Plan, stages: list[list[int]]) -> Estimate
     if mesh.pp > 1:
         boundary = profile.layers[stages[0][-1]].output_elems * plan.microbatch_size * bpe
         boundary /= mesh.tp
-        per_node, _ = group_span(mesh, "pp", cluster.devices_per_node)
+        per_node, _ = group_span(mesh, MeshAxis.PP, cluster.devices_per_node)
         link = cluster.intra_node if per_node > 1 else cluster.inter_node
         bandwidth = link.bandwidth if per_node > 1 else link.bandwidth / cluster.devices_per_node
         # Forward activation and backward gradient for each of the v chunks.
@@ -358,11 +353,11 @@ def _estimate(model: CostModel, plan: Plan, stages: list[list[int]]) -> Estimate
     grad_bytes = stage_params * bpe
     # DDP all-reduces gradients in buckets of 25 MB; FSDP gathers and reduces per layer.
     buckets = max(1.0, grad_bytes / DDP_BUCKET_BYTES)
-    sync = buckets * ring_time(grad_bytes / buckets, mesh, "dp", cluster, fraction=2)
+    sync = buckets * ring_time(grad_bytes / buckets, mesh, MeshAxis.DP, cluster, fraction=2)
     if mesh.fsdp > 1:
         units = float(loads.counts.sum(axis=1).max())
         gathers = 2 * m if plan.reshard_after_forward else 1  # forward + backward per microbatch
-        one = units * ring_time(grad_bytes / units, mesh, "fsdp", cluster, fraction=1)
+        one = units * ring_time(grad_bytes / units, mesh, MeshAxis.FSDP, cluster, fraction=1)
         sync += (1 + gathers) * one  # one reduce-scatter, then the all-gathers
     passes = 3 + (plan.recompute is Recompute.FULL)
     overlap = device.overlaps_communication

@@ -64,6 +64,15 @@ class Strategy(Enum):
             ) from None
 
 
+class MeshAxis(Enum):
+    """The named axes of a :class:`Mesh`."""
+
+    PP = "pp"
+    DP = "dp"
+    FSDP = "fsdp"
+    TP = "tp"
+
+
 @dataclass(frozen=True)
 class Mesh:
     """Sizes of the named mesh axes; their product is the number of workers."""
@@ -80,6 +89,15 @@ class Mesh:
     @property
     def world_size(self) -> int:
         return self.pp * self.dp * self.fsdp * self.tp
+
+    def size(self, axis: MeshAxis) -> int:
+        """The size of ``axis``."""
+        return {
+            MeshAxis.PP: self.pp,
+            MeshAxis.DP: self.dp,
+            MeshAxis.FSDP: self.fsdp,
+            MeshAxis.TP: self.tp,
+        }[axis]
 
     @property
     def data_replicas(self) -> int:

@@ -281,7 +281,17 @@ def load_checkpoint(
     rank = dist.get_rank() if dist.is_initialized() else 0
     rng_file = path / f"rng_rank{rank}.pt"
     if info.world_size == world_size and rng_file.exists():
-        _set_rng_states(safe.safe_torch_load(rng_file))
+        try:
+            states = safe.safe_torch_load(rng_file)
+        except CheckpointError:
+            raise
+        except Exception as error:
+            raise CheckpointError(
+                f"checkpoint at {path} is incomplete or corrupt: {rng_file.name} cannot be "
+                f"read ({type(error).__name__}: {str(error).splitlines()[0]}); resume from an "
+                "earlier checkpoint in the same directory, or start afresh"
+            ) from error
+        _set_rng_states(states)
 
 
 def load_model_state(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:

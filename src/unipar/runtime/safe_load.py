@@ -51,6 +51,15 @@ class UnsafeCheckpointError(CheckpointError):
     """A checkpoint file names code to run on load; it was refused, nothing ran."""
 
 
+class _Forbidden(pickle.UnpicklingError):
+    """The pickle names a global outside the allow-list."""
+
+
+# How torch's weights-only unpickler says a pickle names code (rather than that the file
+# is damaged): torch/_weights_only_unpickler.py.
+_NAMES_CODE = re.compile(r"GLOBAL (\S+)|unrecognized function|Unsupported class")
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         allowed = (
@@ -62,7 +71,7 @@ class _MetadataUnpickler(pickle.Unpickler):
             or (module == "pathlib" and name in _PATHS)
         )
         if not allowed:
-            raise pickle.UnpicklingError(f"{module}.{name} is not a checkpoint record type")
+            raise _Forbidden(f"it names {module}.{name}")
         return super().find_class(module, name)
 
 
@@ -71,8 +80,11 @@ def _is_dtype(name: str) -> bool:
 
 
 def _refuse(path: object, error: Exception) -> UnsafeCheckpointError:
-    named = re.search(r"GLOBAL (\S+)", str(error))
-    reason = f"it names {named.group(1)}" if named else str(error).splitlines()[0]
+    named = _NAMES_CODE.search(str(error))
+    if named:
+        reason = f"it names {named.group(1)}" if named.group(1) else named.group(0)
+    else:
+        reason = str(error)
     return UnsafeCheckpointError(
         f"refused to load {path}: it holds more than tensors and plain data ({reason}); "
         "a checkpoint never needs code to load, so this file was crafted or written by "
@@ -86,6 +98,8 @@ def safe_torch_load(path: str | os.PathLike[str] | io.BytesIO, **kwargs: Any) ->
     try:
         return torch.load(path, weights_only=True, **kwargs)
     except pickle.UnpicklingError as error:
+        if not _NAMES_CODE.search(str(error)):
+            raise  # a damaged file, not a crafted one: the caller reports it
         where = path if isinstance(path, (str, os.PathLike)) else "an entry of a DCP checkpoint"
         raise _refuse(where, error) from None
 
@@ -98,7 +112,7 @@ class SafeFileSystemReader(FileSystemReader):
         with self.fs.create_stream(path, "rb") as stream:
             try:
                 metadata = _MetadataUnpickler(stream).load()
-            except pickle.UnpicklingError as error:
+            except _Forbidden as error:
                 raise _refuse(path, error) from None
         if not isinstance(metadata, Metadata):
             raise _refuse(path, TypeError(f"a {type(metadata).__name__}, not DCP metadata"))

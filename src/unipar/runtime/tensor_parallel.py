@@ -11,6 +11,7 @@ vocabulary, its output gathered whole. ``REPLICATE`` layers stay whole on every 
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 from torch import nn
@@ -27,10 +28,18 @@ ROW_WISE_NAMES = frozenset({"wo", "o_proj", "out_proj", "proj", "fc2", "c_proj",
 _WITHOUT_TP = "dp, fsdp and pp (plans with tp=1)"
 
 
-def block_roles(block_name: str, block: nn.Module, tp: int) -> dict[str, str]:
-    """``{linear layer path inside the block: "column" | "row"}``, or a clear error when
+class ShardRole(Enum):
+    """How one module splits over the tp axis."""
+
+    COLUMN = "column"  # output features split (into heads or the MLP's inner width)
+    ROW = "row"  # input features split (back to the residual width), outputs all-reduced
+    VOCAB = "vocab"  # embedding or output projection split along the vocabulary
+
+
+def block_roles(block_name: str, block: nn.Module, tp: int) -> dict[str, ShardRole]:
+    """``{linear layer path inside the block: COLUMN or ROW}``, or a clear error when
     the block cannot be split by role."""
-    roles: dict[str, str] = {}
+    roles: dict[str, ShardRole] = {}
     unknown: list[str] = []
     for path, module in block.named_modules():
         leaf = path.rpartition(".")[2]
@@ -44,9 +53,9 @@ def block_roles(block_name: str, block: nn.Module, tp: int) -> dict[str, str]:
         if not isinstance(module, nn.Linear):
             continue
         if leaf in COLUMN_WISE_NAMES:
-            roles[path], width = "column", module.out_features
+            roles[path], width = ShardRole.COLUMN, module.out_features
         elif leaf in ROW_WISE_NAMES:
-            roles[path], width = "row", module.in_features
+            roles[path], width = ShardRole.ROW, module.in_features
         else:
             unknown.append(path)
             continue
@@ -55,14 +64,15 @@ def block_roles(block_name: str, block: nn.Module, tp: int) -> dict[str, str]:
                 f"tensor parallel splits {block_name}.{path} into tp={tp} parts along a "
                 f"width of {width}, which tp does not divide; choose a tp that divides {width}"
             )
-    if unknown or "column" not in roles.values() or "row" not in roles.values():
+    if unknown or ShardRole.COLUMN not in roles.values() or ShardRole.ROW not in roles.values():
+        known = sorted((path, role.value) for path, role in roles.items())
         raise UnsupportedPlanError(
             f"tensor parallel cannot split layer {block_name!r} ({type(block).__name__}): it "
             "splits a block's linear layers by role, column-wise into the heads or inner "
             f"width (names {sorted(COLUMN_WISE_NAMES)}) and row-wise back "
             f"(names {sorted(ROW_WISE_NAMES)}); this block has linear layers "
             f"{sorted(unknown) or 'none'} of unknown role and "
-            f"{sorted(roles.items()) or 'no known ones'}. Rename its linear layers by role, "
+            f"{known or 'no known ones'}. Rename its linear layers by role, "
             f"or use {_WITHOUT_TP}"
         )
     return roles
@@ -91,8 +101,8 @@ def _vocab_style(name: str, layer: nn.Module, tp: int) -> Any:
     return style
 
 
-def tensor_parallel_roles(model: nn.Module, plan: Plan) -> dict[str, str]:
-    """``{module path: "column" | "row" | "vocab"}`` for the whole ``model`` under ``plan``,
+def tensor_parallel_roles(model: nn.Module, plan: Plan) -> dict[str, ShardRole]:
+    """``{module path: its ShardRole}`` for the whole ``model`` under ``plan``,
     or the error that says why a layer cannot be split. Needs no device mesh."""
     tp = plan.mesh.tp
     layers = layer_sequence(model)
@@ -107,18 +117,18 @@ def tensor_parallel_roles(model: nn.Module, plan: Plan) -> dict[str, str]:
             f"{len(layers)} layers, but layer_tp has {len(plan.layer_tp)}; plan this model "
             "with the planner (unipar plan / --strategy tp)"
         )
-    roles: dict[str, str] = {}
+    roles: dict[str, ShardRole] = {}
     for (name, layer), style in zip(layers, plan.layer_tp, strict=True):
         if style is TensorParallelStyle.MEGATRON:
             for path, role in block_roles(name, layer, tp).items():
                 roles[f"{name}.{path}"] = role
         elif style is TensorParallelStyle.VOCAB:
             _vocab_style(name, layer, tp)
-            roles[name] = "vocab"
+            roles[name] = ShardRole.VOCAB
     return roles
 
 
-def apply_tensor_parallel(model: nn.Module, roles: dict[str, str], tp_mesh: Any) -> nn.Module:
+def apply_tensor_parallel(model: nn.Module, roles: dict[str, ShardRole], tp_mesh: Any) -> nn.Module:
     """Split ``model`` (the whole model or one pipeline stage, on any device) over
     ``tp_mesh`` by the ``roles`` of :func:`tensor_parallel_roles`; layers the model does
     not hold (other stages') are skipped."""
@@ -131,11 +141,11 @@ def apply_tensor_parallel(model: nn.Module, roles: dict[str, str], tp_mesh: Any)
     styles = {}
     for name, module in model.named_modules():
         role = roles.get(name)
-        if role == "column":
+        if role is ShardRole.COLUMN:
             styles[name] = ColwiseParallel()
-        elif role == "row":
+        elif role is ShardRole.ROW:
             styles[name] = RowwiseParallel()
-        elif role == "vocab":
+        elif role is ShardRole.VOCAB:
             styles[name] = _vocab_style(name, module, tp_mesh.size())
     parallelize_module(model, tp_mesh, styles)
     return model

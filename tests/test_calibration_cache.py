@@ -1,0 +1,43 @@
+"""The CPU calibration cache serves only the machine it was measured on, for a month."""
+
+from __future__ import annotations
+
+import time
+
+from unipar.cluster.calibrate import MAX_AGE_S, cache_file, machine, read_cache, write_cache
+from unipar.cluster.spec import PRESETS
+
+
+def _measurement():
+    preset = PRESETS["a100-80g"]
+    return preset.device, preset.intra_node
+
+
+def test_a_measurement_is_read_back_on_the_same_machine(tmp_path):
+    about = machine()
+    path = cache_file(tmp_path, about)
+    write_cache(path, about, *_measurement())
+    assert read_cache(path, about) == _measurement()
+
+
+def test_another_machine_measures_again(tmp_path):
+    about = machine()
+    write_cache(cache_file(tmp_path, about), about, *_measurement())
+    for change in ({"cpu": "another CPU"}, {"cpus": 1024}, {"memory_gib": 1}, {"torch": "9.9"}):
+        other = {**about, **change}
+        assert cache_file(tmp_path, other) != cache_file(tmp_path, about)
+        # Even a record found under the other machine's name is not taken.
+        assert read_cache(cache_file(tmp_path, about), other) is None
+
+
+def test_an_old_measurement_is_taken_again(tmp_path):
+    about = machine()
+    path = cache_file(tmp_path, about)
+    write_cache(path, about, *_measurement())
+    assert read_cache(path, about, now=time.time() + MAX_AGE_S - 60) is not None
+    assert read_cache(path, about, now=time.time() + MAX_AGE_S + 60) is None
+
+
+def test_the_machine_names_its_cpu_model():
+    about = machine()
+    assert about["cpu"] and about["cpus"] and about["torch"]
