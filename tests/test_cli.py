@@ -88,3 +88,16 @@ def test_unknown_strategy_is_a_clear_error(tmp_path):
     done = _unipar("train", "my_job.py", "--strategy", "zero4", cwd=tmp_path)
     assert done.returncode == 2
     assert "strategy must be one of auto, ddp, fsdp, tp, pp or a plan's JSON file" in done.stderr
+
+
+def test_job_file_that_fails_to_import_is_one_line_and_the_users_frame(tmp_path):
+    (tmp_path / "my_job.py").write_text("import math\nimport no_such_module\n\njob = None\n")
+    done = _unipar("train", "my_job.py", "--no-progress", cwd=tmp_path)
+    assert done.returncode == 2
+    first, *frames = done.stderr.strip().splitlines()
+    assert first == (
+        "unipar: error: the job file my_job.py failed: ModuleNotFoundError: "
+        "No module named 'no_such_module'"
+    )
+    assert frames == ['  File "my_job.py", line 2, in <module>', "    import no_such_module"]
+    assert not (tmp_path / "unipar_runs").exists()

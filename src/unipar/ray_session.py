@@ -33,6 +33,19 @@ def ensure_ray(address: str | None = None) -> None:
         start_ray(address)
 
 
+class _DropTokenAuthNotice(logging.Filter):
+    """Ray 2.60 says on every start that token authentication is on (its default); the
+    warning that it is off still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
+logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
+    _DropTokenAuthNotice()
+)
+
+
 def start_ray(address: str | None, *, num_cpus: int | None = None, checked: bool = False) -> None:
     """Connect to ``address`` (checked first: an unreachable or incompatible cluster
     fails within seconds, see :mod:`unipar.ray_connect`), or start a local Ray without
