@@ -90,6 +90,10 @@ def run_plan(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict(), indent=1))
     else:
         print(report.explain())
+    if args.plot:
+        pictures = report.plot(args.plot)
+        if not args.json:
+            print(f"pictures: {pictures.timeline}, {pictures.memory}, {pictures.breakdown}")
     return 0
 
 
@@ -126,4 +130,7 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
         "--explain", action="store_true", help="print the explanation (the default without --json)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--plot", default=None, metavar="DIR", help="write timeline/memory/breakdown PNGs here"
+    )
     parser.set_defaults(handler=run_plan)
