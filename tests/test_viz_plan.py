@@ -8,8 +8,8 @@ import itertools
 import sys
 from collections import Counter
 
-import numpy as np
 import pytest
+from png_checks import check_png
 
 from unipar.cli import main
 from unipar.cluster import cluster_preset
@@ -132,15 +132,6 @@ def test_memory_bars_sum_to_the_estimate(report):
         assert bar.fits is candidate.estimate.fits
 
 
-def _check_png(path, min_kb=8):
-    from matplotlib import image
-
-    assert path.is_file() and path.stat().st_size > min_kb * 1024, path
-    pixels = image.imread(path)
-    assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 200
-    assert float(np.std(pixels[..., :3])) > 0.05  # not one colour
-
-
 def test_plot_writes_three_pictures(report, tmp_path):
     interleaved = search(
         report.profile,
@@ -150,7 +141,7 @@ def test_plot_writes_three_pictures(report, tmp_path):
     )
     pictures = dataclasses.replace(report, result=interleaved).plot(tmp_path / "pictures")
     for path in (pictures.timeline, pictures.memory, pictures.breakdown):
-        _check_png(path)
+        check_png(path)
 
 
 def test_plot_into_a_file_is_refused(report, tmp_path):
