@@ -112,8 +112,10 @@ def test_order_is_the_runtime_schedules():
         warmup = 4 - rank
         assert kinds == "F" * warmup + "BF" * (8 - warmup) + "B" * warmup
         assert [a.microbatch for a in actions if a.kind is ActionKind.FORWARD] == list(range(8))
-    stages = [SimpleNamespace(num_stages=8, group_size=4, group_rank=0, stage_index=k * 4)
-              for k in range(2)]  # fmt: skip
+    stages = [
+        SimpleNamespace(num_stages=8, group_size=4, group_rank=0, stage_index=k * 4)
+        for k in range(2)
+    ]
     reference = ScheduleInterleaved1F1B(stages, 8).pipeline_order
     ours = pipeline_order(PipelineSchedule.INTERLEAVED_1F1B, 4, 8, 2)
     for rank, actions in ours.items():
@@ -154,8 +156,22 @@ def test_plot_into_a_file_is_refused(report, tmp_path):
 def test_cli_plot_into_a_file_is_refused(tmp_path, capsys):
     target = tmp_path / "taken"
     target.write_text("x")
-    code = main(["plan", "mlp", "--hidden", "64", "--layers", "4", "--global-batch", "8",
-                 "--cluster", "a100-80g", "--plot", str(target)])  # fmt: skip
+    code = main(
+        [
+            "plan",
+            "mlp",
+            "--hidden",
+            "64",
+            "--layers",
+            "4",
+            "--global-batch",
+            "8",
+            "--cluster",
+            "a100-80g",
+            "--plot",
+            str(target),
+        ]
+    )
     assert code == 2
     assert "is a file" in capsys.readouterr().err
 

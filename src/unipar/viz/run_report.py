@@ -133,8 +133,15 @@ def report_run(run_dir: str | Path) -> Path:
         for marker in series.events:
             axis.axvline(marker.samples, color="#55A868", linestyle=":", linewidth=1.5)
     for marker in (*series.restarts, *series.events):
-        axes[0].annotate(marker.label, (marker.samples, 1.0), xycoords=("data", "axes fraction"),
-                         fontsize=7, rotation=90, va="top", ha="right")  # fmt: skip
+        axes[0].annotate(
+            marker.label,
+            (marker.samples, 1.0),
+            xycoords=("data", "axes fraction"),
+            fontsize=7,
+            rotation=90,
+            va="top",
+            ha="right",
+        )
     axes[-1].set_xlabel("samples consumed")
     axes[0].set_title(
         f"{run_dir.name}: {len(series.steps)} steps, {series.samples[-1]} samples, "
