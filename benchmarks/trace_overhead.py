@@ -10,7 +10,11 @@ run ``trainer.train_step`` with nothing attached. The last traced round also wri
 
     python benchmarks/trace_overhead.py [--steps 12] [--out DIR]
 
-Last line: ``RESULT trace_overhead=<1 - traced steps/s / untraced steps/s>``.
+Last line: ``RESULT trace_overhead=<1 - traced steps/s / untraced steps/s, the median over pairs of
+consecutive untraced and traced steps>
+trace_overhead_estimate=<the tracer's own cost per step / untraced step>``: on a machine
+shared with other work the first is noisy, the second is the tracer's measured cost per
+span times the spans of a step.
 """
 
 from __future__ import annotations
@@ -34,7 +38,14 @@ from unipar.models.gpt import GPTConfig
 from unipar.plan import Constraints, Plan, plan
 from unipar.plan.for_job import job_model_spec
 from unipar.plan.representation import PipelineSchedule
-from unipar.runtime.tracing import StepTracer, TraceRecord, attach_tracer, traced_step, traced_steps
+from unipar.runtime.tracing import (
+    StepTracer,
+    TracedAction,
+    TraceRecord,
+    attach_tracer,
+    traced_step,
+    traced_steps,
+)
 from unipar.runtime.trainer import CheckpointPolicy, Trainer
 from unipar.testing import tiny_gpt_job
 
@@ -131,13 +142,16 @@ def measure(the_plan: Plan, blocks: int, block_steps: int) -> Measurement:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=8, help="untraced and traced in turn")
-    parser.add_argument("--block-steps", type=int, default=5)
+    parser.add_argument("--blocks", type=int, default=40, help="untraced and traced in turn")
+    parser.add_argument("--block-steps", type=int, default=1)
     parser.add_argument("--out", default=None, help="write trace.json, timeline.png here")
     args = parser.parse_args()
     the_plan = pipeline_plan(args.blocks * args.block_steps)
     result = measure(the_plan, args.blocks, args.block_steps)
     untraced, traced = statistics.median(result.untraced_s), statistics.median(result.traced_s)
+    # Each traced step against the untraced step just before it: slow drifts of the
+    # machine's load cancel.
+    ratios = [t / u for u, t in zip(result.untraced_s, result.traced_s, strict=True)]
     schedule = the_plan.schedule.value
     print(f"plan: {the_plan.mesh}, {the_plan.num_microbatches} micro-batches, {schedule}")
     print(f"untraced: median step {1e3 * untraced:.1f} ms over {len(result.untraced_s)} steps")
@@ -157,7 +171,27 @@ def main() -> None:
     )
     print(f"trace: {outputs.trace_json}, {outputs.timeline_png}")
     print(outputs.summary)
-    print(f"RESULT trace_overhead={1 - untraced / traced:.4f}")
+    spans = len(result.records) / len({(r.step, r.rank) for r in result.records})
+    per_span = span_cost_s()
+    estimate = spans * per_span / untraced
+    print(
+        f"tracer's own cost: {1e6 * per_span:.1f} us per span x {spans:.0f} spans per rank "
+        f"and step = {100 * estimate:.3f}% of the untraced step"
+    )
+    print(
+        f"RESULT trace_overhead={1 - untraced / traced:.4f} trace_overhead_estimate={estimate:.5f}"
+    )
+
+
+def span_cost_s(repeats: int = 20000) -> float:
+    """Seconds one recorded span costs (enter, exit, record), in this process."""
+    tracer = StepTracer(0, range(1))
+    tracer.begin_step(0)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        with tracer.span(TracedAction.FORWARD, 0, 0):
+            pass
+    return (time.perf_counter() - started) / repeats
 
 
 if __name__ == "__main__":
