@@ -4,8 +4,10 @@ predicted summary per component."""
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,22 +95,21 @@ def _per_rank_seconds(timeline: Timeline, kind: BlockKind) -> float:
 
 
 def compare(measured: Sequence[Timeline], predicted: Timeline) -> list[ComponentError]:
-    """Measured (mean over the traced steps) vs predicted: each component's seconds per
-    rank and step, the idle (bubble) share and the step time."""
-    n = len(measured)
-    rows = [
-        ComponentError(
-            kind.value,
-            sum(_per_rank_seconds(t, kind) for t in measured) / n,
-            _per_rank_seconds(predicted, kind),
-        )
-        for kind in COMPONENTS
+    """Measured (the median over the traced steps: one slow step of a shared machine does
+    not move it) vs predicted: each component's seconds per rank and step, the idle
+    (bubble) share and the step time."""
+
+    def idle(timeline: Timeline) -> float:
+        return sum(timeline.bubble_share(r) for r in range(timeline.pp)) / timeline.pp
+
+    measures: list[tuple[str, Callable[[Timeline], float]]] = [
+        (kind.value, functools.partial(_per_rank_seconds, kind=kind)) for kind in COMPONENTS
     ]
-    idle = [sum(t.bubble_share(r) for r in range(t.pp)) / t.pp for t in measured]
-    predicted_idle = sum(predicted.bubble_share(r) for r in range(predicted.pp)) / predicted.pp
-    rows.append(ComponentError("idle share", sum(idle) / n, predicted_idle))
-    rows.append(ComponentError("step", sum(t.step_s for t in measured) / n, predicted.step_s))
-    return rows
+    measures += [("idle share", idle), ("step", lambda t: t.step_s)]
+    return [
+        ComponentError(name, statistics.median(f(t) for t in measured), f(predicted))
+        for name, f in measures
+    ]
 
 
 def summary_text(rows: Sequence[ComponentError]) -> str:
