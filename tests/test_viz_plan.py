@@ -16,14 +16,21 @@ from unipar.cluster import cluster_preset
 from unipar.errors import ConfigError
 from unipar.models import GPTConfig
 from unipar.plan.report import plan
-from unipar.plan.representation import PipelineSchedule
+from unipar.plan.representation import PipelineSchedule, Recompute
 from unipar.plan.strategy_search import Constraints, search
 from unipar.viz.bars import MEMORY_PARTS, memory_bars
 from unipar.viz.schedule_order import ActionKind, pipeline_order
-from unipar.viz.timeline import ActionTimes, BlockKind, Timeline, predicted_timeline, simulate
+from unipar.viz.timeline import (
+    COMPUTE_KINDS,
+    ActionTimes,
+    BlockKind,
+    Timeline,
+    predicted_timeline,
+    simulate,
+)
 
 # Many equal blocks and a tiny vocabulary: stages are nearly equal, the case where the
-# cost model's closed-form bubble is exact.
+# cost model's closed-form bubble is nearly exact.
 SPEC = GPTConfig(vocab_size=128, seq_len=512, hidden=1024, layers=32, heads=16).spec()
 CLUSTER = cluster_preset("a100-80g")  # one node of 8
 SCHEDULES = [
@@ -72,7 +79,7 @@ def test_equal_stages_give_the_closed_form_bubble(schedule, pp, m, v):
     """Narayanan et al. 2021, Sec. 2.2: idle share (p - 1)/v / (m + (p - 1)/v), which the
     cost model uses (v = 1 for GPipe and 1F1B)."""
     chunk = 1.0 / v
-    times = [ActionTimes(chunk, 2 * chunk, 0.0, 0.0, 0.0)] * (pp * v)
+    times = [ActionTimes(chunk, 2 * chunk, 0.0, 0.0, 0.0, 0.0)] * (pp * v)
     timeline = Timeline("", pp, pp * v, tuple(simulate(pipeline_order(schedule, pp, m, v), times)))
     closed = (pp - 1) / v / (m + (pp - 1) / v)
     for rank in range(pp):
@@ -181,3 +188,18 @@ def test_without_matplotlib_the_error_names_the_extra(report, tmp_path, monkeypa
     with pytest.raises(ConfigError, match=r"unipar\[plot\]"):
         report.plot(tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_blocks_add_up_to_the_cost_models_components(report):
+    """Tensor parallel with full recompute: the busiest rank's compute blocks (forward,
+    recompute, backward) and tp all-reduces sum to the cost model's terms."""
+    fixed = Constraints(pp=4, tp=2, dp=1, fsdp=1, recompute=Recompute.FULL)
+    candidate = search(report.profile, CLUSTER, 32, fixed).best
+    timeline = predicted_timeline(candidate, report.profile, CLUSTER)
+    busiest = max(range(timeline.pp), key=timeline.busy_s)
+    mine = [b for b in timeline.blocks if b.rank == busiest]
+    compute = sum(b.seconds for b in mine if b.kind in COMPUTE_KINDS)
+    tp = sum(b.seconds for b in mine if b.kind is BlockKind.TP_COMM)
+    assert any(b.kind is BlockKind.RECOMPUTE for b in mine)
+    assert compute == pytest.approx(candidate.estimate.time.compute_s, rel=1e-9)
+    assert tp == pytest.approx(candidate.estimate.time.tp_comm_s, rel=1e-9) and tp > 0

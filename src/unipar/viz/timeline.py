@@ -114,7 +114,8 @@ class ActionTimes:
     forward: float
     backward: float
     recompute: float
-    tp_forward: float  # tp all-reduces of each pass (forward, recompute, backward)
+    tp_forward: float  # tp all-reduces of the forward, and of the backward
+    tp_recompute: float  # tp all-reduces of the recomputed forward
     p2p: float  # one send
 
 
@@ -138,15 +139,17 @@ def action_times(
     plan = candidate.plan
     model = CostModel(profile, cluster)
     compute, comm = model.layer_times(plan)
-    full = plan.recompute is Recompute.FULL
-    passes, comm_passes = 3 + full, 2 + full
+    # The cost model's passes per micro-batch: forward 1, backward 2, plus the
+    # recomputed share of a forward (``recomputed_fraction`` where plans have one).
+    again = float(getattr(plan, "recomputed_fraction", plan.recompute is Recompute.FULL))
+    passes, comm_passes = 3 + again, 2 + again
     m, v = plan.num_microbatches, plan.virtual_stages
     p2p = candidate.estimate.time.p2p_s / (2 * m * v) if plan.mesh.pp > 1 else 0.0
     times = []
     for layers in stage_layers(plan, len(profile.layers)):
         c = sum(float(compute[model.layer_index[i]]) for i in layers) / passes
         t = sum(float(comm[model.layer_index[i]]) for i in layers) / comm_passes
-        times.append(ActionTimes(c, 2 * c, c if full else 0.0, t, p2p))
+        times.append(ActionTimes(c, 2 * c, again * c, t, again * t, p2p))
     return times
 
 
@@ -182,10 +185,9 @@ def _action_blocks(action: Action, rank: int, times: ActionTimes, start: float) 
     if action.kind is ActionKind.FORWARD:
         parts = [(BlockKind.FORWARD, times.forward), (BlockKind.TP_COMM, times.tp_forward)]
     else:
-        recompute = times.recompute > 0
         parts = [
             (BlockKind.RECOMPUTE, times.recompute),
-            (BlockKind.TP_COMM, times.tp_forward if recompute else 0.0),
+            (BlockKind.TP_COMM, times.tp_recompute),
             (BlockKind.BACKWARD, times.backward),
             (BlockKind.TP_COMM, times.tp_forward),
         ]
