@@ -38,7 +38,8 @@ def _write_run(run_dir):
         step(number, 1)
     writer.close()
     with open(run_dir / "metrics.jsonl", "a") as file:
-        file.write(json.dumps({"event": "resize", "resize": {"from": 2, "to": 4}, "step": 10}))
+        resize = {"event": "resize", "step": 10, "old": 2, "new": 4, "reason": "node added"}
+        file.write(json.dumps(resize))
         file.write("\n")
     writer = MetricsWriter(run_dir / "metrics.jsonl")
     for number in (10, 11):
@@ -53,7 +54,7 @@ def test_series_count_samples_once_and_mark_restarts_and_resizes(tmp_path):
     assert series.samples == (*[8 * (k + 1) for k in range(10)], 96, 112)
     assert series.loss[5] == pytest.approx(5.0 - 0.5 + 0.01)  # the repeated step's last record
     assert [(m.samples, m.label) for m in series.restarts] == [(32, "restart (attempt 1)")]
-    assert [(m.samples, m.label) for m in series.events] == [(80, "resize 2 -> 4")]
+    assert [(m.samples, m.label) for m in series.events] == [(80, "resize 2 -> 4 (node added)")]
 
 
 def test_report_writes_a_picture(tmp_path, capsys):

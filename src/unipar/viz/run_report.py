@@ -103,12 +103,13 @@ def run_series(run_dir: str | Path) -> RunSeries:
 
 
 def _event_label(record: dict[str, Any]) -> str:
-    resize = record.get("resize")
-    if isinstance(resize, dict) and {"from", "to"} <= set(resize):
-        return f"resize {resize['from']} -> {resize['to']}"
-    if resize is not None:
-        return f"resize ({resize})"
-    return str(record.get("event"))
+    """``resize 2 -> 4 (reason)`` for the runtime's resize records (``{"event": "resize",
+    "old": 2, "new": 4, "reason": ...}``), else the event's name."""
+    name = str(record.get("event", "resize"))
+    if {"old", "new"} <= set(record):
+        reason = f" ({record['reason']})" if record.get("reason") else ""
+        return f"{name} {record['old']} -> {record['new']}{reason}"
+    return name
 
 
 def report_run(run_dir: str | Path) -> Path:
