@@ -14,6 +14,7 @@ from unipar.errors import ConfigError, UniparError
 from unipar.job_file import check_target, load_job
 from unipar.plan import Plan, Strategy
 from unipar.plan_cli import add_plan_parser
+from unipar.report_cli import add_report_parser
 
 if TYPE_CHECKING:
     from unipar.job import Job
@@ -158,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(train)
     train.set_defaults(handler=_train)
     add_plan_parser(commands)
+    add_report_parser(commands)
     return parser
 
 

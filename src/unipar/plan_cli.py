@@ -110,6 +110,10 @@ def run_plan(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict(), indent=1))
     else:
         print(report.explain())
+    if args.plot:
+        pictures = report.plot(args.plot)
+        if not args.json:
+            print(f"pictures: {pictures.timeline}, {pictures.memory}, {pictures.breakdown}")
     return 0
 
 
@@ -143,4 +147,7 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
         "--fix", default=None, help="pin choices, e.g. tp=8,pp=2,dp=4,recompute=full"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--plot", default=None, metavar="DIR", help="write timeline/memory/breakdown PNGs here"
+    )
     parser.set_defaults(handler=run_plan)

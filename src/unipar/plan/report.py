@@ -86,6 +86,14 @@ class PlanReport:
 
         return explain(self)
 
+    def plot(self, directory: Any) -> Any:
+        """Write ``timeline.png``, ``memory.png`` and ``breakdown.png`` into ``directory``
+        (a path; needs ``pip install unipar[plot]``); returns their paths
+        (:class:`unipar.viz.plan_pictures.PlanPictures`)."""
+        from unipar.viz.plan_pictures import plot_plan
+
+        return plot_plan(self, directory)
+
 
 def _zero_level(candidate: Candidate) -> int:
     mesh = candidate.plan.mesh

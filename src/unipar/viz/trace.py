@@ -1,0 +1,178 @@
+"""A traced run's records as ``trace.json`` (Chrome trace format, opens in Perfetto), the
+measured timeline under the predicted one (``timeline.png``), and the measured vs
+predicted summary per component."""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from unipar.cluster.spec import ClusterSpec
+from unipar.errors import ConfigError
+from unipar.plan.representation import Plan
+from unipar.runtime.tracing import TracedAction, TraceRecord
+from unipar.viz.timeline import Block, BlockKind, Timeline
+
+_KINDS = {
+    TracedAction.FORWARD: BlockKind.FORWARD,
+    TracedAction.BACKWARD: BlockKind.BACKWARD,
+    TracedAction.GRAD_SYNC: BlockKind.GRAD_SYNC,
+    TracedAction.OPTIMIZER: BlockKind.OPTIMIZER,
+}
+COMPONENTS = (BlockKind.FORWARD, BlockKind.BACKWARD, BlockKind.GRAD_SYNC, BlockKind.OPTIMIZER)
+
+
+def measured_timelines(records: Sequence[TraceRecord], pp: int, stages: int) -> list[Timeline]:
+    """One timeline per traced step, times in seconds from the step's first start."""
+    if not records:
+        raise ConfigError("the trace holds no records: no traced step ran on any rank")
+    timelines = []
+    for step in sorted({r.step for r in records}):
+        mine = [r for r in records if r.step == step]
+        origin = min(r.start_ns for r in mine)
+        blocks = tuple(
+            Block(
+                r.rank,
+                r.stage,
+                _KINDS[r.action],
+                r.microbatch,
+                (r.start_ns - origin) / 1e9,
+                (r.end_ns - origin) / 1e9,
+            )
+            for r in sorted(mine, key=lambda r: r.start_ns)
+        )
+        timelines.append(Timeline(f"measured, step {step}", pp, stages, blocks))
+    return timelines
+
+
+def chrome_trace(records: Sequence[TraceRecord]) -> dict:
+    """Chrome trace event format: complete events ("ph": "X"), microseconds, one process
+    per pipeline rank and one thread per stage."""
+    origin = min((r.start_ns for r in records), default=0)
+    events = [
+        {
+            "name": f"{r.action.value}"
+            + (f" mb{r.microbatch}" if r.microbatch is not None else ""),
+            "cat": r.action.value,
+            "ph": "X",
+            "ts": (r.start_ns - origin) / 1e3,
+            "dur": (r.end_ns - r.start_ns) / 1e3,
+            "pid": r.rank,
+            "tid": r.stage,
+            "args": {"step": r.step, "microbatch": r.microbatch, "stage": r.stage},
+        }
+        for r in records
+    ]
+    names = [
+        {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}
+        for rank in sorted({r.rank for r in records})
+    ]
+    return {"traceEvents": names + events, "displayTimeUnit": "ms"}
+
+
+@dataclass(frozen=True)
+class ComponentError:
+    name: str
+    measured_s: float
+    predicted_s: float
+
+    @property
+    def relative_error(self) -> float | None:
+        """``None`` where nothing was predicted."""
+        if not self.predicted_s:
+            return None
+        return (self.measured_s - self.predicted_s) / self.predicted_s
+
+
+def _per_rank_seconds(timeline: Timeline, kind: BlockKind) -> float:
+    """Seconds of ``kind`` per step, averaged over ranks."""
+    return sum(b.seconds for b in timeline.blocks if b.kind is kind) / timeline.pp
+
+
+def compare(measured: Sequence[Timeline], predicted: Timeline) -> list[ComponentError]:
+    """Measured (the median over the traced steps: one slow step of a shared machine does
+    not move it) vs predicted: each component's seconds per rank and step, the idle
+    (bubble) share and the step time."""
+
+    def idle(timeline: Timeline) -> float:
+        return sum(timeline.bubble_share(r) for r in range(timeline.pp)) / timeline.pp
+
+    measures: list[tuple[str, Callable[[Timeline], float]]] = [
+        (kind.value, functools.partial(_per_rank_seconds, kind=kind)) for kind in COMPONENTS
+    ]
+    measures += [("idle share", idle), ("step", lambda t: t.step_s)]
+    return [
+        ComponentError(name, statistics.median(f(t) for t in measured), f(predicted))
+        for name, f in measures
+    ]
+
+
+def summary_text(rows: Sequence[ComponentError]) -> str:
+    lines = [f"{'component':<12} {'measured':>12} {'predicted':>12} {'error':>8}"]
+    for row in rows:
+        share = row.name == "idle share"
+        measured = f"{100 * row.measured_s:.1f}%" if share else f"{1e3 * row.measured_s:.2f} ms"
+        predicted = f"{100 * row.predicted_s:.1f}%" if share else f"{1e3 * row.predicted_s:.2f} ms"
+        error = "n/a" if row.relative_error is None else f"{100 * row.relative_error:+.0f}%"
+        lines.append(f"{row.name:<12} {measured:>12} {predicted:>12} {error:>8}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class TraceOutputs:
+    trace_json: Path
+    timeline_png: Path | None
+    summary: str
+
+
+def write_trace(
+    run_dir: str | Path,
+    records: Sequence[TraceRecord],
+    *,
+    pp: int,
+    stages: int,
+    predicted: Timeline | None = None,
+    draw: bool = True,
+) -> TraceOutputs:
+    """Write ``RUN_DIR/trace.json`` and (``draw``) ``RUN_DIR/timeline.png``: the last
+    traced step measured, under the predicted one if given."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    measured = measured_timelines(records, pp, stages)
+    path = run_dir / "trace.json"
+    path.write_text(json.dumps(chrome_trace(records)))
+    summary = summary_text(compare(measured, predicted)) if predicted is not None else ""
+    picture = None
+    if draw:
+        from unipar.viz.draw import draw_timelines
+
+        panels = [predicted, measured[-1]] if predicted is not None else [measured[-1]]
+        picture = draw_timelines(panels, run_dir / "timeline.png")
+    return TraceOutputs(path, picture, summary)
+
+
+def predicted_run_timeline(job: Any, plan: Plan, cluster: ClusterSpec) -> Timeline:
+    """The cost model's timeline of ``plan`` for ``job``'s model on ``cluster``."""
+    from unipar.analysis.profile import analyze
+    from unipar.plan.cost import CostModel
+    from unipar.plan.for_job import job_model_spec
+    from unipar.plan.strategy_search import Candidate
+    from unipar.viz.timeline import predicted_timeline, stage_layers
+
+    spec = job_model_spec(job)
+    profile = analyze(
+        spec.factory,
+        spec.sample_shape,
+        input_dtype=spec.input_dtype,
+        hidden=spec.hidden,
+        tp_divisibility=spec.tp_divisibility,
+        loss=spec.loss,
+        target=spec.target,
+    )
+    estimate = CostModel(profile, cluster).estimate(plan, stage_layers(plan, len(profile.layers)))
+    return predicted_timeline(Candidate(plan, estimate), profile, cluster, "predicted")
