@@ -67,9 +67,10 @@ def iter_time(params: np.ndarray, nodes, replicas, local_bsz, accum=0):
 
 
 def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Least squares y = a + b·x with a, b ≥ 0 (one distinct x: a line through 0)."""
+    """Least squares y = a + b·x with a, b ≥ 0 (one distinct x: half fixed, half per
+    sample, a prior until a second batch is seen)."""
     if len(np.unique(x)) < 2:
-        return 0.0, float(np.mean(y) / max(np.mean(x), 1e-12))
+        return float(np.mean(y) / 2), float(np.mean(y) / 2 / max(np.mean(x), 1e-12))
     b, a = np.polyfit(x, y, 1)
     if b < 0:
         return float(np.mean(y)), 0.0
