@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from unipar.errors import ConfigError, UniparError
 from unipar.plan import Plan, Strategy
 from unipar.plan_cli import add_plan_parser
+from unipar.sched_cli import add_simulate_parser
 
 if TYPE_CHECKING:
     from unipar.job import Job
@@ -155,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true")
     train.set_defaults(handler=_train)
     add_plan_parser(commands)
+    add_simulate_parser(commands)
     return parser
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from unipar.sched.cluster import Cluster
+import numpy as np
+
+from unipar.errors import ConfigError
+from unipar.sched.cluster import SPOT, Cluster, NodeType
 
 
 class Fleet:
@@ -17,6 +21,11 @@ class Fleet:
         self.node_seconds = 0.0
         self._nodes: tuple[int, ...] = tuple(range(cluster.num_nodes))
 
+    @property
+    def max_gpus(self) -> int:
+        """The most GPUs one job could ever get."""
+        return self.cluster.total_gpus
+
     def available_nodes(self, now: float, jobs: Sequence) -> tuple[int, ...]:
         return self._nodes
 
@@ -28,3 +37,68 @@ class Fleet:
 
 class FixedFleet(Fleet):
     """Every node of the cluster, all the time."""
+
+
+class AutoscaleFleet(Fleet):
+    """Grows and shrinks between ``min_nodes`` and the cluster's nodes by utility, as
+    Pollux's cloud mode (§4.3): each round, with jobs' demand d (the GPUs they could use
+    at a speedup worth having, here the sum over jobs of the GPUs each asked for) and the
+    nodes' utilisation, keep enough nodes that the demand fits at ``target`` utilisation."""
+
+    def __init__(self, cluster: Cluster, min_nodes: int, target: float = 1.0) -> None:
+        super().__init__(cluster)
+        if not 1 <= min_nodes <= cluster.num_nodes:
+            raise ConfigError(
+                f"autoscaling needs 1 <= MIN <= MAX nodes, but got {min_nodes}:"
+                f"{cluster.num_nodes}"
+            )
+        self.min_nodes = min_nodes
+        self.target = target
+        self._nodes = tuple(range(min_nodes))
+
+    def available_nodes(self, now: float, jobs: Sequence) -> tuple[int, ...]:
+        gpn = self.cluster.gpus_per_node
+        demand = sum(min(j.spec.num_replicas, 2 * max(j.max_seen, 1)) for j in jobs)
+        want = math.ceil(demand / (gpn * self.target))
+        self._nodes = tuple(range(min(max(want, self.min_nodes), self.cluster.num_nodes)))
+        return self._nodes
+
+
+class SpotFleet(Fleet):
+    """Every node is a spot node; each is preempted ``rate`` times per hour on average
+    (a seeded Poisson process) and comes back after ``downtime`` seconds. A preempted job
+    loses its GPUs, keeps its progress (checkpointed) and is rescheduled."""
+
+    def __init__(self, cluster: Cluster, rate: float, seed: int, downtime: float = 600.0):
+        super().__init__(cluster)
+        self.rate, self.downtime = rate, downtime
+        self._rng = np.random.default_rng(seed)
+        self._back = dict.fromkeys(range(cluster.num_nodes), 0.0)
+        self.preempted = 0
+
+    def available_nodes(self, now: float, jobs: Sequence) -> tuple[int, ...]:
+        self._nodes = tuple(n for n, t in self._back.items() if t <= now)
+        return self._nodes
+
+    def account(self, now: float, interval: float) -> None:
+        super().account(now, interval)
+        hits = self._rng.random(len(self._nodes)) < 1 - math.exp(-self.rate * interval / 3600)
+        for n, hit in zip(self._nodes, hits, strict=True):
+            if hit:
+                self._back[n] = now + interval + self.downtime
+                self.preempted += 1
+
+
+def make_fleet(cluster: Cluster, autoscale: str | None, spot_rate: float, seed: int) -> Fleet:
+    """The fleet the CLI flags ask for: ``--autoscale MIN:MAX``, ``--spot RATE``."""
+    if autoscale:
+        lo, _, hi = autoscale.partition(":")
+        if not (lo.isdigit() and hi.isdigit()):
+            raise ConfigError(f"--autoscale wants MIN:MAX node counts, but got {autoscale!r}")
+        nodes = (cluster.nodes[0],) * int(hi)
+        cluster = Cluster(nodes)
+        return AutoscaleFleet(cluster, int(lo))
+    if spot_rate > 0:
+        kind = NodeType(SPOT.name, cluster.gpus_per_node, SPOT.price_per_hour, True)
+        return SpotFleet(Cluster((kind,) * cluster.num_nodes), spot_rate, seed)
+    return FixedFleet(cluster)

@@ -23,7 +23,7 @@ def _take(free: dict[int, int], soft: dict[int, int], k: int, gpn: int, spread: 
     got: dict[int, int] = {}
     whole = sorted((n for n in free if free[n] == gpn), key=lambda n: (soft.get(n, 0), n))
     if k >= gpn:
-        want = k // gpn if spread or k % gpn == 0 else k // gpn
+        want = k // gpn
         for n in whole[:want]:
             got[n] = gpn
         if not spread and len(got) < want and got:

@@ -161,6 +161,7 @@ def simulate(
 ) -> SimResult:
     """Run ``specs`` under ``policy`` until every job is done."""
     fleet = fleet or FixedFleet(cluster)
+    cluster = fleet.cluster  # an autoscaled fleet may hold more nodes than it starts with
     jobs = {s.name: _Job(s, applications[s.application]) for s in specs}
     pending = sorted(jobs.values(), key=lambda j: j.spec.submit_time)
     active: list[_Job] = []
@@ -206,7 +207,7 @@ def simulate(
             new = allocs.get(job.spec.name)
             old = job.allocation
             if new is not None and (old is None or old.nodes != new.nodes):
-                job.restart_left = config.restart
+                job.restart_left = config.restart if job.start is not None else 0.0
                 job.restarts += job.start is not None
                 job.start = now if job.start is None else job.start
             job.allocation = new

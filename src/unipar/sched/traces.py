@@ -175,7 +175,7 @@ def load_applications(reference_dir: Path) -> dict[str, Application]:
     traces = Path(reference_dir) / "traces"
     if not traces.is_dir():
         raise ConfigError(
-            f"no traces folder at {traces}: pass the Pollux reference data folder "
-            "(the one holding traces/ and workloads-*/), e.g. --reference ../shared/reference/pollux"
+            f"no traces folder at {traces}: pass the Pollux reference data folder (the "
+            "one holding traces/ and workloads-*/), e.g. --reference ../shared/reference/pollux"
         )
     return {d.name: load_application(d) for d in sorted(traces.iterdir()) if d.is_dir()}

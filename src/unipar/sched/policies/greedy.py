@@ -27,9 +27,10 @@ def greedy(cost: np.ndarray, start: np.ndarray, budget: int) -> np.ndarray:
         if hi <= k:
             return None
         ahead = cost[j, k + 1 : hi + 1]
-        rate = (cost[j, k] - ahead) / np.arange(1, hi - k + 1)
+        with np.errstate(invalid="ignore"):  # inf - inf: no better, skipped below
+            rate = (cost[j, k] - ahead) / np.arange(1, hi - k + 1)
         i = int(np.argmax(rate))
-        if not np.isfinite(rate[i]) or rate[i] <= 0:
+        if np.isnan(rate[i]) or rate[i] <= 0:
             return None
         return (-float(rate[i]), j, k + i + 1)
 

@@ -34,4 +34,4 @@ class OptimusPolicy(Policy):
             kmax = min(gpus, max(1, job.requested_batch // job.min_local))
             cost[i, 1 : kmax + 1] = job.remaining_progress / job.oracle_rate[:kmax]
         alloc = greedy(cost, np.ones(len(jobs)), gpus - len(jobs))
-        return fixed_allocations(state, [(j, int(k)) for j, k in zip(jobs, alloc)])
+        return fixed_allocations(state, [(j, int(k)) for j, k in zip(jobs, alloc, strict=True)])
