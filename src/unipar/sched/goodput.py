@@ -18,7 +18,7 @@ import numpy as np
 
 from unipar.sched.throughput import iter_time
 
-LOCAL_GRID = 10  # per-GPU batch candidates per job (geometric)
+LOCAL_GRID = 16  # per-GPU batch candidates per job (geometric)
 MAX_ACCUM = 6  # accumulation steps searched: s = 0 .. MAX_ACCUM-1
 
 
@@ -65,7 +65,7 @@ def goodput_table(jobs: JobArrays, max_gpus: int, gpus_per_node: int) -> Goodput
     nodes = np.ceil(k / gpus_per_node)
     frac = np.linspace(0.0, 1.0, LOCAL_GRID)
     lo, hi = np.log(jobs.min_local), np.log(jobs.max_local)
-    m = np.floor(np.exp(lo[:, None] + (hi - lo)[:, None] * frac[None, :]))  # (J, L)
+    m = np.round(np.exp(lo[:, None] + (hi - lo)[:, None] * frac[None, :]))  # (J, L)
     s = np.arange(MAX_ACCUM, dtype=float)
     col = (slice(None), None, None, None)
     # axes: job, K, local, accum

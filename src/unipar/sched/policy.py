@@ -60,6 +60,9 @@ class JobView:
     grad_sqr: float
     grad_var: float
     user: str = ""
+    # what other jobs of the same application reported (pooled), when the cluster keeps it
+    peer_model: ThroughputModel | None = None
+    peer_max_replicas: int = 0
     deadline: float | None = None  # absolute second by which the job should finish
     # Oracles, for baselines defined with one (Optimus+Oracle); other policies ignore them.
     remaining_progress: float = 0.0

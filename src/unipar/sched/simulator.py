@@ -28,6 +28,24 @@ from unipar.sched.workload import JobSpec
 
 
 @dataclass
+class _Pool:
+    """Step times reported by all jobs, pooled per application (a shared cluster sees the
+    same model run many times); refitted when a new configuration is reported."""
+
+    observed: dict = field(default_factory=dict)
+    models: dict = field(default_factory=dict)
+    max_replicas: dict = field(default_factory=dict)
+
+    def add(self, app: str, key: tuple, obs: Observation) -> None:
+        mine = self.observed.setdefault(app, {})
+        if key in mine:
+            return
+        mine[key] = obs
+        self.models[app] = fit(list(mine.values()))
+        self.max_replicas[app] = max(self.max_replicas.get(app, 0), obs.replicas)
+
+
+@dataclass
 class _Job:
     spec: JobSpec
     app: Application
@@ -45,7 +63,9 @@ class _Job:
     preemptions: int = 0
     oracle_iter: np.ndarray | None = None
 
-    def view(self, now: float, max_gpus: int, gpn: int, oracle: bool) -> JobView:
+    def view(
+        self, now: float, max_gpus: int, gpn: int, oracle: bool, pool: _Pool
+    ) -> JobView:
         app, spec = self.app, self.spec
         sqr, var = app.grad_stats(self.batch_now, self.progress)
         rate = None
@@ -75,6 +95,8 @@ class _Job:
             deadline=None if spec.deadline is None else spec.submit_time + spec.deadline,
             remaining_progress=app.target_progress - self.progress,
             oracle_rate=rate,
+            peer_model=pool.models.get(spec.application),
+            peer_max_replicas=pool.max_replicas.get(spec.application, 0),
         )
 
     @property
@@ -92,7 +114,7 @@ class _Job:
             out[k - 1] = step + (step - sync) * accum
         return out
 
-    def advance(self, now: float, interval: float) -> None:
+    def advance(self, now: float, interval: float, pool: _Pool) -> None:
         a = self.allocation
         if a is None:
             return
@@ -119,6 +141,7 @@ class _Job:
         if key not in self.observed:
             self.observed[key] = Observation(len(a.nodes), a.replicas, a.local_bsz, step, sync)
             self.model = fit(list(self.observed.values()))
+        pool.add(self.spec.application, key, self.observed[key])
 
 
 def _check(allocs: dict[str, Allocation], jobs: dict[str, _Job], state: RoundState) -> None:
@@ -172,6 +195,7 @@ def simulate(
     timeline: list[tuple[float, dict[str, int]]] = []
     gpu_seconds = 0.0
     quota = dict(config.gpu_quota) or None
+    pool = _Pool()
     while pending or active:
         while pending and pending[0].spec.submit_time <= now:
             active.append(pending.pop(0))
@@ -192,7 +216,7 @@ def simulate(
         state = RoundState(
             now=now,
             cluster=cluster,
-            jobs=[j.view(now, cluster.total_gpus, cluster.gpus_per_node, oracle)
+            jobs=[j.view(now, cluster.total_gpus, cluster.gpus_per_node, oracle, pool)
                   for j in active],
             available_nodes=tuple(available),
             restart_seconds=config.restart,
@@ -207,7 +231,7 @@ def simulate(
             new = allocs.get(job.spec.name)
             old = job.allocation
             if new is not None and (old is None or old.nodes != new.nodes):
-                job.restart_left = config.restart if job.start is not None else 0.0
+                job.restart_left = config.restart
                 job.restarts += job.start is not None
                 job.start = now if job.start is None else job.start
             job.allocation = new
@@ -215,7 +239,7 @@ def simulate(
                 job.max_seen = max(job.max_seen, new.replicas)
                 snapshot[job.spec.name] = new.replicas
                 gpu_seconds += new.replicas * interval
-            job.advance(now, interval)
+            job.advance(now, interval, pool)
         timeline.append((now, snapshot))
         fleet.account(now, interval)
         now += interval

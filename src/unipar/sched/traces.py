@@ -119,12 +119,11 @@ class Application:
         return self.validations[int(np.argmin(logs))]
 
     def grad_stats(self, batch: float, progress: float) -> tuple[float, float]:
-        """(grad_sqr, grad_var) at ``progress``, from the run nearest ``batch``."""
+        """(grad_sqr, grad_var) of the current epoch (row ⌊progress / per-epoch⌋, the
+        statistics measured over that epoch), from the run nearest ``batch``."""
         v = self.validation_for(batch)
-        return (
-            float(np.interp(progress, v.progress, v.grad_sqr)),
-            float(np.interp(progress, v.progress, v.grad_var)),
-        )
+        epoch = min(int(progress / self.progress_per_epoch), len(v.progress) - 1)
+        return float(v.grad_sqr[epoch]), float(v.grad_var[epoch])
 
     def gain(self, batch: float, progress: float) -> float:
         """Progress (M0-steps) per step at total ``batch``: S·E = (var+sqr)/(var/S+sqr).

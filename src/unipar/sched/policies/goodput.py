@@ -44,6 +44,13 @@ class GoodputPolicy(Policy):
     explore: float = 2.0  # most GPUs = explore × most seen so far
     restart_hold: float = 0.0  # seconds an allocation lasts; 0: ignore restart costs
     admission: Admission = Admission.FIFO
+    # weight of a job in the objective: (1 + attained GPU-seconds / service_scale)^-service_power;
+    # 0 gives Pollux's unweighted mean
+    service_power: float = 0.0
+    service_scale: float = 3600.0
+    whole_nodes: bool = True  # a job spans whole nodes or fits in one (no spreading)
+    fair_share_base: bool = False  # speedup relative to an equal share, else to one GPU
+    share_models: bool = False  # use the model pooled over jobs of the same application
     adaptive_batch = True
 
     def _arrays(self, jobs: list[JobView]) -> JobArrays:
@@ -51,7 +58,8 @@ class GoodputPolicy(Policy):
             return np.array([f(j) for j in jobs], dtype=dtype)
 
         return JobArrays(
-            params=np.array([j.model.as_array() if j.model else _PRIOR for j in jobs]),
+            params=np.array([self._model(j).as_array() if self._model(j) else _PRIOR
+                             for j in jobs]),
             grad_sqr=col(lambda j: j.grad_sqr),
             grad_var=col(lambda j: j.grad_var),
             init_batch=col(lambda j: j.init_batch),
@@ -60,8 +68,16 @@ class GoodputPolicy(Policy):
             max_local=col(lambda j: j.max_local),
             fixed_batch=col(lambda j: j.requested_batch),
             # before its first report a job runs the batch its user asked for
-            adaptive=col(lambda j: j.model is not None, bool),
+            adaptive=col(lambda j: self._model(j) is not None, bool),
         )
+
+    def _model(self, job: JobView):
+        return job.peer_model if self.share_models and job.peer_model else job.model
+
+    def _seen(self, job: JobView) -> int:
+        if self.share_models:
+            return max(job.max_replicas_seen, job.peer_max_replicas)
+        return job.max_replicas_seen
 
     def _admit(self, jobs: list[JobView], gpus: int) -> list[JobView]:
         if self.admission is Admission.LAS:
@@ -77,34 +93,49 @@ class GoodputPolicy(Policy):
         if not jobs:
             return {}
         cap = np.array(
-            [min(gpus, max(1, int(self.explore * j.max_replicas_seen))) for j in jobs]
+            [min(gpus, max(1, int(self.explore * self._seen(j)))) for j in jobs]
         )
-        kmax = int(cap.max())
+        fair = max(1, gpus // len(state.jobs)) if self.fair_share_base else 1
+        deadlines = any(j.deadline is not None for j in jobs)
+        kmax = gpus if deadlines else max(int(cap.max()), fair)
         table = goodput_table(self._arrays(jobs), kmax, gpn)
-        base = np.maximum(table.goodput[:, :1], 1e-300)
-        speedup = table.goodput / base
         k = np.arange(1, kmax + 1)
         # placement that avoids spreading: a job spans whole nodes or fits in one
-        split = (k > gpn) & (k % gpn != 0)
+        split = (k > gpn) & (k % gpn != 0) & self.whole_nodes
+        start = self._floors(state, jobs, np.where(split[None, :], 0.0, table.goodput), gpus)
+        cap = np.maximum(cap, start)
+        # Pollux §3.2: speedup over the goodput at a fair share of the GPUs
+        base = np.maximum(table.goodput[:, :fair].max(axis=1, keepdims=True), 1e-300)
+        speedup = table.goodput / base
         speedup[(k[None, :] > cap[:, None]) | (table.goodput <= 0) | split[None, :]] = 0.0
-        speedup[:, 0] = 1.0
+        speedup[:, 0] = np.maximum(table.goodput[:, 0] / base[:, 0], 1e-9)  # 1 GPU: always
         self._restart_factor(state, jobs, speedup)
         with np.errstate(divide="ignore"):
             cost = np.where(speedup > 0, speedup**self.p, np.inf)
         if self.p > 0:
             cost = -np.where(speedup > 0, speedup**self.p, -np.inf)
+        if self.service_power:
+            service = np.array([j.attained_service for j in jobs])
+            weight = (1.0 + service / self.service_scale) ** -self.service_power
+            cost = cost * weight[:, None]
         cost = np.concatenate([np.full((len(jobs), 1), np.inf), cost], axis=1)
-        start = np.ones(len(jobs), dtype=int)
-        start, budget = self._floors(state, jobs, table.goodput, start, gpus)
-        counts = greedy(cost, start, budget)
-        counts = self._quota(state, jobs, counts)
+        counts = greedy(cost, start, gpus - int(start.sum()))
+        trimmed = self._quota(state, jobs, counts)
+        if (trimmed != counts).any():  # give what quotas took back to the others
+            full = {u for u, q in state.gpu_quota.items()
+                    if sum(trimmed[i] for i, j in enumerate(jobs) if j.user == u) >= q}
+            for i, j in enumerate(jobs):
+                if j.user in full:
+                    cost[i, trimmed[i] + 1 :] = np.inf
+            cost[trimmed == 0, 1:] = np.inf
+            counts = greedy(cost, trimmed, gpus - int(trimmed.sum()))
         previous: dict[str, Nodes] = {
             j.name: j.allocation.nodes for j in jobs if j.allocation is not None
         }
         order = sorted(range(len(jobs)), key=lambda i: -counts[i])
         nodes = place(
             [(jobs[i].name, int(counts[i])) for i in order], previous,
-            state.available_nodes, gpn, spread=False,
+            state.available_nodes, gpn, spread=not self.whole_nodes,
         )
         out = {}
         for i, j in enumerate(jobs):
@@ -135,20 +166,24 @@ class GoodputPolicy(Policy):
             if held is not None:
                 speedup[i, mine - 1] = held
 
-    def _floors(self, state, jobs, goodput, start, gpus):
-        """Deadlines: start each job with a deadline at the fewest GPUs that meet it."""
+    def _floors(self, state, jobs, goodput, gpus) -> np.ndarray:
+        """GPUs each job starts with: one, or for a job with a deadline the fewest that meet
+        it at its current goodput (all it can use when none do), latest-submitted floors
+        dropped first when they do not all fit."""
+        start = np.ones(len(jobs), dtype=int)
         for i, j in enumerate(jobs):
             if j.deadline is None:
                 continue
             left = j.deadline - state.now - state.restart_seconds
-            need = j.remaining_progress / np.maximum(goodput[i], 1e-300)
+            with np.errstate(divide="ignore"):
+                need = j.remaining_progress / goodput[i]
             ok = np.nonzero(need <= max(left, 0.0))[0]
-            if len(ok):
-                start[i] = max(start[i], int(ok[0]) + 1)
-        while start.sum() > gpus:  # cannot meet them all: drop the latest-submitted floors
+            best = int(ok[0]) + 1 if len(ok) else int(np.argmax(goodput[i])) + 1
+            start[i] = min(best, gpus - len(jobs) + 1)  # the others keep one GPU each
+        while start.sum() > gpus:
             i = int(np.argmax(np.where(start > 1, [j.submit_time for j in jobs], -np.inf)))
             start[i] = 1
-        return start, gpus - int(start.sum())
+        return start
 
     def _quota(self, state: RoundState, jobs: list[JobView], counts: np.ndarray) -> np.ndarray:
         """Per-user quotas: trim the largest allocations of a user over quota."""
@@ -166,10 +201,16 @@ class GoodputPolicy(Policy):
 
 
 def pollux_policy() -> GoodputPolicy:
-    """Our rendering of Pollux: p = −1, 2× exploration, FIFO admission, no restart model."""
-    return GoodputPolicy(name="pollux")
+    """Our rendering of Pollux: p = −1 over speedups against a fair share, 2× exploration,
+    its reallocation factor, FIFO admission; each job's model fitted on its own reports."""
+    return GoodputPolicy(name="pollux", fair_share_base=True)
 
 
 def unipar_policy() -> GoodputPolicy:
-    """unipar's policy: Pollux's objective plus restart awareness and LAS admission."""
-    return GoodputPolicy(name="unipar", restart_hold=600.0, admission=Admission.LAS)
+    """unipar's policy: Pollux's objective weighted toward jobs with little attained service,
+    throughput models pooled per application, and a restart cost counted against the
+    expected life of an allocation."""
+    return GoodputPolicy(
+        name="unipar", fair_share_base=True, share_models=True, service_power=1.0,
+        restart_hold=1200.0,
+    )
