@@ -6,7 +6,6 @@ import csv
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from unipar.cli import main
