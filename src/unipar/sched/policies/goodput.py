@@ -50,6 +50,9 @@ class GoodputPolicy(Policy):
     service_scale: float = 3600.0
     whole_nodes: bool = True  # a job spans whole nodes or fits in one (no spreading)
     fair_share_base: bool = False  # speedup relative to an equal share, else to one GPU
+    # weight (remaining seconds at a fair share / 1 h)^-remaining_power: shorter jobs first,
+    # from the job's declared length (its epochs) and its fitted goodput; 0: unweighted
+    remaining_power: float = 0.0
     share_models: bool = False  # use the model pooled over jobs of the same application
     adaptive_batch = True
 
@@ -118,6 +121,9 @@ class GoodputPolicy(Policy):
             service = np.array([j.attained_service for j in jobs])
             weight = (1.0 + service / self.service_scale) ** -self.service_power
             cost = cost * weight[:, None]
+        if self.remaining_power:
+            remaining = np.array([j.remaining_progress for j in jobs]) / base[:, 0]
+            cost = cost * (np.maximum(remaining, 60.0) / 3600.0)[:, None] ** -self.remaining_power
         cost = np.concatenate([np.full((len(jobs), 1), np.inf), cost], axis=1)
         counts = greedy(cost, start, gpus - int(start.sum()))
         trimmed = self._quota(state, jobs, counts)
@@ -207,10 +213,10 @@ def pollux_policy() -> GoodputPolicy:
 
 
 def unipar_policy() -> GoodputPolicy:
-    """unipar's policy: Pollux's objective weighted toward jobs with little attained service,
-    throughput models pooled per application, and a restart cost counted against the
+    """unipar's policy: Pollux's objective weighted toward jobs with less predicted remaining
+    time, throughput models pooled per application, and a restart cost counted against the
     expected life of an allocation."""
     return GoodputPolicy(
-        name="unipar", fair_share_base=True, share_models=True, service_power=1.0,
+        name="unipar", fair_share_base=True, share_models=True, remaining_power=0.5,
         restart_hold=1200.0,
     )
