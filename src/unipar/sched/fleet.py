@@ -9,6 +9,8 @@ import numpy as np
 
 from unipar.errors import ConfigError
 from unipar.sched.cluster import SPOT, Cluster, NodeType
+from unipar.sched.goodput import goodput_table, job_arrays
+from unipar.sched.policy import JobView
 
 
 class Fleet:
@@ -40,27 +42,41 @@ class FixedFleet(Fleet):
 
 
 class AutoscaleFleet(Fleet):
-    """Grows and shrinks between ``min_nodes`` and the cluster's nodes by utility, as
-    Pollux's cloud mode (§4.3): each round, with jobs' demand d (the GPUs they could use
-    at a speedup worth having, here the sum over jobs of the GPUs each asked for) and the
-    nodes' utilisation, keep enough nodes that the demand fits at ``target`` utilisation."""
+    """Grows and shrinks between ``min_nodes`` and the cluster's nodes by utility, after
+    Pollux's cloud mode (§4.3): every ``every`` seconds each job's useful GPUs are the most
+    at which its goodput per GPU is still ``efficiency`` of its goodput on one GPU (from
+    what it reported, the model pooled over its application, at most twice what it or its
+    peers ran on); the fleet holds the nodes their sum needs. Nodes leave from the end."""
 
-    def __init__(self, cluster: Cluster, min_nodes: int, target: float = 1.0) -> None:
+    def __init__(
+        self, cluster: Cluster, min_nodes: int, efficiency: float = 0.5, every: float = 300.0
+    ) -> None:
         super().__init__(cluster)
         if not 1 <= min_nodes <= cluster.num_nodes:
             raise ConfigError(
                 f"autoscaling needs 1 <= MIN <= MAX nodes, but got {min_nodes}:"
                 f"{cluster.num_nodes}"
             )
-        self.min_nodes = min_nodes
-        self.target = target
+        self.min_nodes, self.efficiency, self.every = min_nodes, efficiency, every
         self._nodes = tuple(range(min_nodes))
+        self._next = -math.inf
 
-    def available_nodes(self, now: float, jobs: Sequence) -> tuple[int, ...]:
+    def available_nodes(self, now: float, jobs: Sequence[JobView]) -> tuple[int, ...]:
+        if now < self._next or not jobs:
+            return self._nodes
+        self._next = now + self.every
         gpn = self.cluster.gpus_per_node
-        demand = sum(min(j.spec.num_replicas, 2 * max(j.max_seen, 1)) for j in jobs)
-        want = math.ceil(demand / (gpn * self.target))
-        self._nodes = tuple(range(min(max(want, self.min_nodes), self.cluster.num_nodes)))
+        cap = np.array([max(1, 2 * max(j.max_replicas_seen, j.peer_max_replicas))
+                        for j in jobs])
+        kmax = int(min(cap.max(), self.cluster.total_gpus))
+        table = goodput_table(job_arrays(jobs, [j.peer_model or j.model for j in jobs]),
+                              kmax, gpn)
+        k = np.arange(1, kmax + 1)
+        per_gpu = table.goodput / (k[None, :] * np.maximum(table.goodput[:, :1], 1e-300))
+        useful = (per_gpu >= self.efficiency) & (k[None, :] <= cap[:, None])
+        demand = int(np.where(useful, k[None, :], 1).max(axis=1).sum())
+        want = min(max(math.ceil(demand / gpn), self.min_nodes), self.cluster.num_nodes)
+        self._nodes = tuple(range(want))
         return self._nodes
 
 

@@ -208,16 +208,21 @@ def simulate(
                 f"{len(active)} jobs unfinished (e.g. {active[0].spec.name!r}); the policy "
                 "never ran them: check that each job fits the cluster"
             )
-        available = fleet.available_nodes(now, active)
-        for job in active:  # preempted nodes take their jobs' GPUs away
-            if job.allocation and any(n not in available for n, _ in job.allocation.nodes):
-                job.allocation = None
-                job.preemptions += 1
+        def views(now=now, active=active):
+            return [j.view(now, cluster.total_gpus, cluster.gpus_per_node, oracle, pool)
+                    for j in active]
+
+        seen = views()
+        available = fleet.available_nodes(now, seen)
+        lost = [j for j in active if j.allocation
+                and any(n not in available for n, _ in j.allocation.nodes)]
+        for job in lost:  # preempted (or scaled-in) nodes take their jobs' GPUs away
+            job.allocation = None
+            job.preemptions += 1
         state = RoundState(
             now=now,
             cluster=cluster,
-            jobs=[j.view(now, cluster.total_gpus, cluster.gpus_per_node, oracle, pool)
-                  for j in active],
+            jobs=views() if lost else seen,
             available_nodes=tuple(available),
             restart_seconds=config.restart,
             interval=interval,

@@ -24,12 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from unipar.sched.goodput import JobArrays, goodput_table
+from unipar.sched.goodput import JobArrays, goodput_table, job_arrays
 from unipar.sched.placement import Nodes, place
 from unipar.sched.policies.greedy import greedy
 from unipar.sched.policy import Allocation, JobView, Policy, RoundState
-
-_PRIOR = np.array([0.0, 1e-3, 0.0, 0.0, 0.0, 0.0, 1.0])  # before any report: speedups 1
 
 
 class Admission(enum.Enum):
@@ -57,22 +55,7 @@ class GoodputPolicy(Policy):
     adaptive_batch = True
 
     def _arrays(self, jobs: list[JobView]) -> JobArrays:
-        def col(f, dtype=float):
-            return np.array([f(j) for j in jobs], dtype=dtype)
-
-        return JobArrays(
-            params=np.array([self._model(j).as_array() if self._model(j) else _PRIOR
-                             for j in jobs]),
-            grad_sqr=col(lambda j: j.grad_sqr),
-            grad_var=col(lambda j: j.grad_var),
-            init_batch=col(lambda j: j.init_batch),
-            max_batch=col(lambda j: j.max_batch),
-            min_local=col(lambda j: j.min_local),
-            max_local=col(lambda j: j.max_local),
-            fixed_batch=col(lambda j: j.requested_batch),
-            # before its first report a job runs the batch its user asked for
-            adaptive=col(lambda j: self._model(j) is not None, bool),
-        )
+        return job_arrays(jobs, [self._model(j) for j in jobs])
 
     def _model(self, job: JobView):
         return job.peer_model if self.share_models and job.peer_model else job.model
