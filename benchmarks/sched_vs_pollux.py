@@ -50,13 +50,14 @@ def synthetic_round(apps, jobs: int, nodes: int, seed: int = 0) -> RoundState:
     for i in range(jobs):
         app = apps[names[i % len(names)]]
         obs = []
-        for placement in [(1,), (2,), (4,), (4, 4)][: 1 + i % 4]:
+        spreads = [(1,), (2,), (4,), (4, 4), (4,) * 4, (4,) * 8, (4,) * 16]
+        for placement in spreads[: 1 + i % len(spreads)]:
             m = app.max_local_bsz
             step, sync = app.step_time(placement, m)
             obs.append(Observation(len(placement), sum(placement), m, step, sync))
         progress = float(rng.uniform(0, 0.9)) * app.target_progress
         sqr, var = app.grad_stats(app.init_batch, progress)
-        seen = sum(p for p in [(1,), (2,), (4,), (4, 4)][: 1 + i % 4][-1])
+        seen = sum(spreads[i % len(spreads)])  # so a job may be given up to twice that
         views.append(JobView(
             name=f"job-{i}", submit_time=float(i), requested_replicas=4,
             requested_batch=app.init_batch * 4, init_batch=app.init_batch,

@@ -2,24 +2,25 @@
 
 Each round every job's best goodput on k = 1.. GPUs is computed from its fitted throughput
 model and reported gradient statistics, choosing batch size and accumulation per k
-(``goodput.py``). Speedup_j(k) = goodput_j(k) / goodput_j(1). GPUs are then split to
-maximise Pollux's fairness objective, the generalised mean with p = −1 of the speedups
-(§3.2, eq. 12), i.e. to minimise Σ_j speedup_j(k_j)^p. A job may use at most ``explore``
-times the most GPUs it has run on (Pollux §4.1: its model is untested beyond that).
+(``goodput.py``). Speedup_j(k) = goodput_j(k) / goodput_j(base), the base being one GPU or
+a fair share (Pollux §3.2). GPUs are split to maximise the generalised mean with exponent p
+of the speedups (Pollux eq. 12: p = −1), i.e. to minimise Σ_j w_j·speedup_j(k_j)^p for
+p < 0, with weights w_j = 1 unless ``remaining_power`` weights jobs by their predicted
+remaining time (declared length over fitted goodput) to favour the shorter. A job may use at
+most ``explore`` times the most GPUs it (or, with ``share_models``, any job of its
+application) has run on (Pollux §4.1: its model is untested beyond that).
 
 The search is the greedy of ``greedy.py`` (exact for concave speedups, milliseconds for
-hundreds of jobs) rather than Pollux's genetic algorithm. ``restart_hold`` makes the policy
-aware of restarts: moving a running job to a new GPU count costs ``restart`` seconds of no
-progress, so its speedup there counts only (hold − restart)/hold as much, with ``hold`` the
-seconds an allocation is expected to last. When jobs outnumber GPUs, ``Admission`` picks
-who runs: first submitted (FIFO) or least attained service first (LAS, as Tiresias).
-Per-user GPU quotas cap the sum of a user's GPUs; a job with a deadline gets at least the
-GPUs its deadline needs at its current goodput, when the cluster has them.
+hundreds of jobs) rather than Pollux's genetic algorithm. Restarts: Pollux's reallocation
+factor, and with ``restart_by_remaining`` the restart's seconds weighed against the job's
+predicted remaining time at the new count. When jobs outnumber GPUs the first submitted
+run. Per-user GPU quotas cap the sum of a user's GPUs (what they free goes to others); a
+job with a deadline starts each round with the GPUs its deadline needs at its current
+goodput, when the cluster has them.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,27 +31,17 @@ from unipar.sched.policies.greedy import greedy
 from unipar.sched.policy import Allocation, JobView, Policy, RoundState
 
 
-class Admission(enum.Enum):
-    FIFO = "fifo"
-    LAS = "las"
-
-
 @dataclass
 class GoodputPolicy(Policy):
     name: str = "unipar"
     p: float = -1.0  # generalised mean exponent (Pollux: −1)
     explore: float = 2.0  # most GPUs = explore × most seen so far
-    restart_hold: float = 0.0  # seconds an allocation lasts; 0: ignore restart costs
-    admission: Admission = Admission.FIFO
-    # weight of a job in the objective: (1 + attained GPU-seconds / service_scale)^-service_power;
-    # 0 gives Pollux's unweighted mean
-    service_power: float = 0.0
-    service_scale: float = 3600.0
     whole_nodes: bool = True  # a job spans whole nodes or fits in one (no spreading)
     fair_share_base: bool = False  # speedup relative to an equal share, else to one GPU
     # weight (remaining seconds at a fair share / 1 h)^-remaining_power: shorter jobs first,
     # from the job's declared length (its epochs) and its fitted goodput; 0: unweighted
     remaining_power: float = 0.0
+    restart_by_remaining: bool = False  # a restart costs δ against predicted time saved
     share_models: bool = False  # use the model pooled over jobs of the same application
     adaptive_batch = True
 
@@ -66,11 +57,7 @@ class GoodputPolicy(Policy):
         return job.max_replicas_seen
 
     def _admit(self, jobs: list[JobView], gpus: int) -> list[JobView]:
-        if self.admission is Admission.LAS:
-            key = lambda j: (j.attained_service, j.submit_time)  # noqa: E731
-        else:
-            key = lambda j: j.submit_time  # noqa: E731
-        return sorted(jobs, key=key)[:gpus]
+        return sorted(jobs, key=lambda j: j.submit_time)[:gpus]
 
     def allocate(self, state: RoundState) -> dict[str, Allocation]:
         gpn = state.cluster.gpus_per_node
@@ -95,15 +82,11 @@ class GoodputPolicy(Policy):
         speedup = table.goodput / base
         speedup[(k[None, :] > cap[:, None]) | (table.goodput <= 0) | split[None, :]] = 0.0
         speedup[:, 0] = np.maximum(table.goodput[:, 0] / base[:, 0], 1e-9)  # 1 GPU: always
-        self._restart_factor(state, jobs, speedup)
+        self._restart_factor(state, jobs, speedup, table.goodput)
         with np.errstate(divide="ignore"):
             cost = np.where(speedup > 0, speedup**self.p, np.inf)
         if self.p > 0:
             cost = -np.where(speedup > 0, speedup**self.p, -np.inf)
-        if self.service_power:
-            service = np.array([j.attained_service for j in jobs])
-            weight = (1.0 + service / self.service_scale) ** -self.service_power
-            cost = cost * weight[:, None]
         if self.remaining_power:
             remaining = np.array([j.remaining_progress for j in jobs]) / base[:, 0]
             cost = cost * (np.maximum(remaining, 60.0) / 3600.0)[:, None] ** -self.remaining_power
@@ -134,12 +117,13 @@ class GoodputPolicy(Policy):
                 out[j.name] = Allocation(nodes[j.name], local, int(table.accum[i, c]))
         return out
 
-    def _restart_factor(self, state: RoundState, jobs: list[JobView], speedup) -> None:
+    def _restart_factor(self, state: RoundState, jobs: list[JobView], speedup, goodput) -> None:
         """Scale the speedup of a running job at any other GPU count than its own.
 
         Pollux §4.1, eq. 13: REALLOC_FACTOR = (T − R·δ) / (T + δ), T the job's age, R its
-        restarts so far, δ the restart seconds. With ``restart_hold`` set, also by
-        (hold − δ) / hold: the share of an allocation's expected life a restart leaves.
+        restarts so far, δ the restart seconds. With ``restart_by_remaining``, also by
+        T_k / (T_k + δ), T_k the job's predicted remaining seconds on k GPUs (declared
+        length over fitted goodput): moving pays only when the time saved exceeds δ.
         """
         delta = state.restart_seconds
         for i, j in enumerate(jobs):
@@ -147,10 +131,12 @@ class GoodputPolicy(Policy):
                 continue
             age = state.now - j.submit_time
             factor = max(0.0, (age - j.restarts * delta) / (age + delta))
-            if self.restart_hold > 0:
-                factor *= max(0.0, (self.restart_hold - delta) / self.restart_hold)
             mine = j.allocation.replicas
             held = speedup[i, mine - 1] if mine <= speedup.shape[1] else None
+            if self.restart_by_remaining:
+                with np.errstate(divide="ignore"):
+                    left = j.remaining_progress / goodput[i]
+                factor = factor * np.where(np.isfinite(left), left / (left + delta), 0.0)
             speedup[i] *= factor
             if held is not None:
                 speedup[i, mine - 1] = held
@@ -196,10 +182,10 @@ def pollux_policy() -> GoodputPolicy:
 
 
 def unipar_policy() -> GoodputPolicy:
-    """unipar's policy: Pollux's objective weighted toward jobs with less predicted remaining
-    time, throughput models pooled per application, and a restart cost counted against the
-    expected life of an allocation."""
+    """unipar's policy: Pollux's goodput model with a generalised mean (p = −0.5) weighted
+    by 1 / predicted remaining time, throughput models pooled per application, and each
+    move's restart weighed against the time it saves."""
     return GoodputPolicy(
-        name="unipar", fair_share_base=True, share_models=True, remaining_power=0.5,
-        restart_hold=1200.0,
+        name="unipar", p=-0.5, fair_share_base=True, share_models=True, remaining_power=1.0,
+        restart_by_remaining=True,
     )
