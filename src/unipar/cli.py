@@ -15,6 +15,7 @@ from unipar.job_file import check_target, load_job
 from unipar.plan import Plan, Strategy
 from unipar.plan_cli import add_plan_parser
 from unipar.report_cli import add_report_parser
+from unipar.sched_cli import add_simulate_parser
 
 if TYPE_CHECKING:
     from unipar.job import Job
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=_train)
     add_plan_parser(commands)
     add_report_parser(commands)
+    add_simulate_parser(commands)
     return parser
 
 
