@@ -9,12 +9,18 @@ One forward pass on meta tensors is observed at the ATen level:
   once) give the activation memory;
 - a layer's output gives what a pipeline boundary after it would send.
 Backward is taken as twice the forward in FLOPs and bytes (Narayanan et al. 2021, Sec. 5.1).
+
+The meta device runs attention by its math path, which materialises the scores
+(``seq x seq`` per head). Given the sequence length, the attention core (the products
+that make or read scores, and the ops and saved tensors of score shape) is recorded
+apart, so the cost model can cost it as the target device runs it (a fused, flash
+kernel stores no scores: Dao et al. 2022).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import torch
@@ -60,6 +66,15 @@ class LayerProfile:
     saved_elems_replicated: float
     output_elems: float
     splittable_modules: int = 0  # nn.Linear and nn.Embedding inside: what tp splits
+    # The attention core, apart from the fields above (zero where none was seen).
+    attention_matmuls: tuple[tuple[float, float, float], ...] = ()
+    attention_moved_elems: float = 0.0  # memory-bound ops on scores (mask, softmax, dropout)
+    attention_saved_elems: float = 0.0  # scores saved for backward
+    attention_kv_elems: float = 0.0  # keys and values read by the attention core
+
+    @property
+    def attention_flops(self) -> float:
+        return sum(flops for flops, _, _ in self.attention_matmuls)
 
     @property
     def backward_flops(self) -> float:
@@ -72,6 +87,8 @@ class ModelProfile:
     layers: tuple[LayerProfile, ...]
     hidden: int | None
     tp_divisibility: tuple[tuple[str, int], ...]  # (what, size) tp must divide
+    causal_attention: bool = True  # a decoder's attention: a fused kernel skips half
+    attention_seq: int | None = None  # the sequence length the attention core was told by
 
     @property
     def params(self) -> int:
@@ -80,6 +97,10 @@ class ModelProfile:
     @property
     def forward_flops(self) -> float:
         return sum(layer.forward_flops for layer in self.layers)
+
+    @property
+    def has_attention(self) -> bool:
+        return any(layer.attention_matmuls for layer in self.layers)
 
     @property
     def num_blocks(self) -> int:
@@ -121,10 +142,20 @@ class SkipInPlaceOnMeta(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def is_attention_scores(t: object, seq: int | None) -> bool:
+    """A tensor of attention scores: ``[..., seq, seq]`` with heads (or batch x heads)
+    in front, so a ``[1, seq, hidden]`` activation with ``hidden == seq`` is not one."""
+    if seq is None or not isinstance(t, torch.Tensor) or t.dim() < 3:
+        return False
+    return tuple(t.shape[-2:]) == (seq, seq) and t.shape[:-2].numel() > 1
+
+
 class _Recorder(TorchDispatchMode):
-    def __init__(self, hidden: int | None) -> None:
+    def __init__(self, hidden: int | None, seq: int | None = None) -> None:
         super().__init__()
         self.hidden = hidden
+        self.seq = seq
+        self.attention: dict[str, list[tuple[float, float, float]]] = {}
         self.current: str | None = None
         self.stats: dict[str, dict[str, float]] = {}
         self.matmuls: dict[str, list[tuple[float, float, float]]] = {}
@@ -147,7 +178,11 @@ class _Recorder(TorchDispatchMode):
             leaves = [t for t in torch.utils._pytree.tree_leaves((args, out)) if _is_tensor(t)]
             weights = sum(t.numel() for t in leaves if self.is_parameter(t))
             moved = sum(t.numel() for t in leaves) - weights
-            self.matmuls.setdefault(self.current or "<top>", []).append((flops, moved, weights))
+            scores = any(is_attention_scores(t, self.seq) for t in leaves)
+            target = self.attention if scores else self.matmuls
+            target.setdefault(self.current or "<top>", []).append((flops, moved, weights))
+            if scores:  # the second operand of q @ k^T and of p @ v: keys, values
+                bucket["kv"] += leaves[1].numel() if len(leaves) > 1 else 0
             bucket["flops"] += flops
             bucket["matmul_ops"] += 1
             return out
@@ -160,7 +195,10 @@ class _Recorder(TorchDispatchMode):
             moved = sum(_numel(t) for t in torch.utils._pytree.tree_leaves((args, kwargs, out)))
         outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         replicated = bool(outputs) and outputs[0].dim() > 0 and outputs[0].shape[-1] == self.hidden
-        bucket["moved_replicated" if replicated else "moved_sharded"] += moved
+        if outputs and _is_mask_or_scores(outputs[0], self.seq):
+            bucket["attention_moved"] += moved
+        else:
+            bucket["moved_replicated" if replicated else "moved_sharded"] += moved
         bucket["memory_ops"] += 1
         return out
 
@@ -174,7 +212,16 @@ _FIELDS = (
     "saved_sharded",
     "saved_replicated",
     "output",
+    "kv",
+    "attention_moved",
+    "attention_saved",
 )
+
+
+def _is_mask_or_scores(t: torch.Tensor, seq: int | None) -> bool:
+    """Scores, or the ``[seq, seq]`` causal mask the math path builds for them."""
+    mask = seq is not None and t.dim() == 2 and tuple(t.shape) == (seq, seq)
+    return mask or is_attention_scores(t, seq)
 
 
 def _is_tensor(x: object) -> bool:
@@ -194,6 +241,8 @@ def analyze(
     tp_divisibility: tuple[tuple[str, int], ...] = (),
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     target: tuple[tuple[int, ...], torch.dtype] | None = None,
+    attention_seq: int | None = None,
+    causal_attention: bool = True,
 ) -> ModelProfile:
     """Profile ``model_factory()`` on one sample of shape ``sample_input`` (batch of 1).
 
@@ -201,6 +250,9 @@ def analyze(
     tensors under tensor parallelism (``None``: everything counts as sharded).
     ``loss`` with ``target`` (one target's shape and dtype): the training loss, whose
     ops are counted with the last layer, as the step runs them after it.
+    ``attention_seq``: the sequence length, which tells attention scores (``seq x seq``)
+    apart (``None``: no attention core is told apart); ``causal_attention``: whether
+    attention is causal (a fused kernel computes half the scores).
     """
     with torch.device("meta"):
         try:
@@ -218,7 +270,7 @@ def analyze(
     sequence = layer_sequence(model)
     if not sequence:
         raise ConfigError(f"{type(model).__name__} has no child modules to analyse as layers")
-    recorder = _Recorder(hidden)
+    recorder = _Recorder(hidden, attention_seq)
     param_storages = {p.untyped_storage()._cdata for p in model.parameters()}
     recorder.parameter_storages = param_storages
     seen_storages: set[int] = set()
@@ -230,7 +282,10 @@ def analyze(
             seen_storages.add(key)
             bucket = recorder._bucket()
             replicated = t.dim() > 0 and t.shape[-1] == hidden
-            bucket["saved_replicated" if replicated else "saved_sharded"] += t.numel()
+            if is_attention_scores(t, attention_seq):
+                bucket["attention_saved"] += t.numel()
+            else:
+                bucket["saved_replicated" if replicated else "saved_sharded"] += t.numel()
         return t
 
     first_of = _memoize_repeats(sequence, recorder)
@@ -261,7 +316,9 @@ def analyze(
         # and so replace what was recorded under the repeat's name.
         recorder.stats[name] = dict(recorder.stats[first])
         recorder.matmuls[name] = list(recorder.matmuls.get(first, []))
-    return _profile(sequence, recorder, hidden, tp_divisibility)
+        recorder.attention[name] = list(recorder.attention.get(first, []))
+    profile = _profile(sequence, recorder, hidden, tp_divisibility)
+    return replace(profile, causal_attention=causal_attention, attention_seq=attention_seq)
 
 
 def _signature(module: nn.Module) -> tuple:
@@ -335,6 +392,10 @@ def _profile(sequence, recorder, hidden, tp_divisibility) -> ModelProfile:  # ty
                 splittable_modules=sum(
                     isinstance(m, (nn.Linear, nn.Embedding)) for m in module.modules()
                 ),
+                attention_matmuls=tuple(recorder.attention.get(name, ())),
+                attention_moved_elems=s["attention_moved"],
+                attention_saved_elems=s["attention_saved"],
+                attention_kv_elems=s["kv"],
             )
         )
     return ModelProfile(tuple(layers), hidden, tuple(tp_divisibility))

@@ -14,6 +14,17 @@ from unipar.errors import ConfigError
 GIB = 1024**3
 
 
+class AttentionKernel(Enum):
+    """How the device runs attention. ``math``: scores materialised (``seq x seq`` per
+    head, stored for backward), as PyTorch's reference path and the meta-device
+    analysis do. ``flash``: one fused kernel that keeps scores on chip, stores only
+    the output and the softmax statistics, skips the masked half of causal scores and
+    recomputes scores in backward (Dao et al. 2022; Dao 2023)."""
+
+    MATH = "math"
+    FLASH = "flash"
+
+
 class Precision(Enum):
     """Training precision of weights and activations."""
 
@@ -42,6 +53,9 @@ class DeviceSpec:
     workers, where gloo reduces and copies on the same cores).
     ``reserved_gib``: memory the framework and runtime take before the model (context,
     communication buffers, allocator fragmentation).
+    ``attention``: the attention kernel training uses on this device;
+    ``attention_efficiency``: the fraction of peak a fused attention kernel reaches
+    (``None``: ``gemm_efficiency``).
     """
 
     name: str
@@ -57,6 +71,8 @@ class DeviceSpec:
     fsdp_unit_overhead_s: float = 0.0
     optimizer_bandwidth: float | None = None  # bytes/s of the optimizer step (None: HBM)
     overlaps_communication: bool = True  # False: collectives take the cores compute needs
+    attention: AttentionKernel = AttentionKernel.MATH
+    attention_efficiency: float | None = None
 
     @property
     def peak_flops(self) -> float:
@@ -120,6 +136,8 @@ _A100_80 = DeviceSpec(
     gemm_efficiency=0.80,
     kernel_overhead_s=8e-6,
     reserved_gib=3.0,
+    attention=AttentionKernel.FLASH,
+    attention_efficiency=0.6,
 )
 _A100_40 = replace(_A100_80, name="A100-SXM4-40GB", memory_gib=40, memory_bandwidth=1.555e12)
 _H100_80 = DeviceSpec(
@@ -131,6 +149,8 @@ _H100_80 = DeviceSpec(
     gemm_efficiency=0.75,
     kernel_overhead_s=6e-6,
     reserved_gib=3.0,
+    attention=AttentionKernel.FLASH,
+    attention_efficiency=0.5,
 )
 _V100_16 = DeviceSpec(
     name="V100-SXM2-16GB",
@@ -168,16 +188,34 @@ PRESETS: dict[str, ClusterSpec] = {
 
 
 def cluster_preset(
-    name: str, *, nodes: int = 1, devices_per_node: int | None = None
+    name: str,
+    *,
+    nodes: int = 1,
+    devices_per_node: int | None = None,
+    attention: AttentionKernel | str | None = None,
 ) -> ClusterSpec:
-    """A preset by name (``a100-80g``, ``a100-40g``, ``h100-80g``, ``v100-16g``, ``cpu``)."""
+    """A preset by name (``a100-80g``, ``a100-40g``, ``h100-80g``, ``v100-16g``, ``cpu``).
+    ``attention``: the attention kernel, if not the preset's (GPUs: flash; V100 and
+    CPU: math), e.g. ``math`` for runs made before fused attention."""
     if name == "cpu":
         from unipar.cluster.calibrate import calibrated_cpu_cluster
 
-        return calibrated_cpu_cluster(nodes=nodes, devices_per_node=devices_per_node or 2)
-    if name not in PRESETS:
+        cluster = calibrated_cpu_cluster(nodes=nodes, devices_per_node=devices_per_node or 2)
+    elif name not in PRESETS:
         raise ConfigError(
             f"unknown cluster preset {name!r}; known presets: "
             f"{', '.join([*sorted(PRESETS), 'cpu'])}"
         )
-    return PRESETS[name].resized(nodes, devices_per_node)
+    else:
+        cluster = PRESETS[name].resized(nodes, devices_per_node)
+    if attention is None:
+        return cluster
+    if not isinstance(attention, AttentionKernel):
+        try:
+            attention = AttentionKernel(attention)
+        except ValueError:
+            raise ConfigError(
+                f"attention must be one of {[k.value for k in AttentionKernel]}, but got "
+                f"{attention!r}"
+            ) from None
+    return replace(cluster, device=replace(cluster.device, attention=attention))

@@ -23,7 +23,12 @@ class PipelineSchedule(Enum):
 
 
 class Recompute(Enum):
+    """Activation recompute: none, every layer's forward again in backward (full), or
+    only the attention core, whose activations grow with the sequence squared
+    (selective; Korthikanti et al. 2022, Sec. 5)."""
+
     NONE = "none"
+    SELECTIVE = "selective"
     FULL = "full"
 
 
@@ -65,12 +70,17 @@ class Strategy(Enum):
 
 @dataclass(frozen=True)
 class Mesh:
-    """Sizes of the named mesh axes; their product is the number of workers."""
+    """Sizes of the named mesh axes; their product is the number of workers.
+
+    ``cp`` (context parallel) splits each sample's sequence over its ranks: ring
+    attention passes keys and values around them (Liu et al. 2023); they hold the same
+    weights, so their gradients are reduced together with the data-parallel ones."""
 
     pp: int = 1
     dp: int = 1
     fsdp: int = 1
     tp: int = 1
+    cp: int = 1
 
     def __post_init__(self) -> None:
         for axis in fields(self):
@@ -80,7 +90,7 @@ class Mesh:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.fsdp * self.tp
+        return self.pp * self.dp * self.fsdp * self.cp * self.tp
 
     @property
     def data_replicas(self) -> int:
@@ -88,14 +98,16 @@ class Mesh:
         return self.dp * self.fsdp
 
     def coordinates(self, rank: int) -> MeshCoordinates:
-        """Where ``rank`` sits, with axes laid out (pp, dp, fsdp, tp) and tp innermost,
-        so tensor-parallel peers are neighbouring ranks (on one node)."""
+        """Where ``rank`` sits, with axes laid out (pp, dp, fsdp, cp, tp) and tp
+        innermost, so tensor-parallel peers are neighbouring ranks (on one node), then
+        context-parallel ones (Megatron-LM's order)."""
         if not 0 <= rank < self.world_size:
             raise ConfigError(f"rank must be in [0, {self.world_size}), but got {rank}")
         rest, tp = divmod(rank, self.tp)
+        rest, cp = divmod(rest, self.cp)
         rest, fsdp = divmod(rest, self.fsdp)
         pp, dp = divmod(rest, self.dp)
-        return MeshCoordinates(pp=pp, dp=dp, fsdp=fsdp, tp=tp)
+        return MeshCoordinates(pp=pp, dp=dp, fsdp=fsdp, tp=tp, cp=cp)
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,7 @@ class MeshCoordinates:
     dp: int
     fsdp: int
     tp: int
+    cp: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,7 +132,9 @@ class Plan:
     ``stage_boundaries`` are the first layer index of pipeline stages 1..S-1.
     ``layer_tp`` gives each layer's tensor-parallel style, in layer order (empty: all
     replicated); ``sequence_parallel`` also splits norms and dropout along the sequence
-    (Korthikanti et al. 2022).
+    (Korthikanti et al. 2022). ``distributed_optimizer`` shards the optimizer state over
+    the data-parallel ranks, which reduce-scatter gradients and all-gather the updated
+    weights (ZeRO-1, Rajbhandari et al. 2020; Megatron-LM's distributed optimizer).
     """
 
     mesh: Mesh = field(default_factory=Mesh)
@@ -133,6 +148,7 @@ class Plan:
     stage_boundaries: tuple[int, ...] = ()
     layer_tp: tuple[TensorParallelStyle, ...] = ()
     sequence_parallel: bool = False
+    distributed_optimizer: bool = False
 
     def __post_init__(self) -> None:
         if self.microbatch_size < 1 or self.num_microbatches < 1:
