@@ -156,6 +156,10 @@ class _Recorder(TorchDispatchMode):
         self.hidden = hidden
         self.seq = seq
         self.attention: dict[str, list[tuple[float, float, float]]] = {}
+        # Storages copied from a broadcast (expanded) view, with the elements behind it:
+        # grouped-query attention repeats keys and values for the math path; a fused
+        # kernel and the context-parallel ring pass the unrepeated ones.
+        self.repeated: dict[int, int] = {}
         self.current: str | None = None
         self.stats: dict[str, dict[str, float]] = {}
         self.matmuls: dict[str, list[tuple[float, float, float]]] = {}
@@ -163,6 +167,20 @@ class _Recorder(TorchDispatchMode):
 
     def is_parameter(self, t: torch.Tensor) -> bool:
         return t.untyped_storage()._cdata in self.parameter_storages
+
+    def _note_repeat(self, args: object, out: object) -> None:
+        """Remember an output copied from a broadcast view (``expand`` then a copy, as
+        ``repeat_interleave`` and Hugging Face's ``repeat_kv`` do), or computed element by
+        element from such a copy (the math path's scaling of keys)."""
+        if not isinstance(out, torch.Tensor):
+            return
+        for t in torch.utils._pytree.tree_leaves(args):
+            if not isinstance(t, torch.Tensor) or t.numel() != out.numel():
+                continue
+            behind = self.repeated.get(t.untyped_storage()._cdata, _storage_elems(t))
+            if 0 < behind < out.numel():
+                self.repeated[out.untyped_storage()._cdata] = behind
+                return
 
     def _bucket(self) -> dict[str, float]:
         name = self.current or "<top>"
@@ -181,14 +199,16 @@ class _Recorder(TorchDispatchMode):
             scores = any(is_attention_scores(t, self.seq) for t in leaves)
             target = self.attention if scores else self.matmuls
             target.setdefault(self.current or "<top>", []).append((flops, moved, weights))
-            if scores:  # the second operand of q @ k^T and of p @ v: keys, values
-                bucket["kv"] += leaves[1].numel() if len(leaves) > 1 else 0
+            if scores and len(leaves) > 1:  # the second operand of q @ k^T, p @ v: k, v
+                kv = leaves[1]
+                bucket["kv"] += self.repeated.get(kv.untyped_storage()._cdata, kv.numel())
             bucket["flops"] += flops
             bucket["matmul_ops"] += 1
             return out
         returns = func._schema.returns
         if not returns or returns[0].alias_info is not None or packet.__name__ in _VIEW_LIKE:
             return out
+        self._note_repeat(args, out)
         if packet.__name__ == "embedding":  # a gather reads only the rows it returns
             moved = 2 * _numel(out)
         else:
@@ -201,6 +221,10 @@ class _Recorder(TorchDispatchMode):
             bucket["moved_replicated" if replicated else "moved_sharded"] += moved
         bucket["memory_ops"] += 1
         return out
+
+
+def _storage_elems(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes() // max(1, t.element_size())
 
 
 _FIELDS = (

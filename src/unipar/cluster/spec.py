@@ -152,6 +152,17 @@ _H100_80 = DeviceSpec(
     attention=AttentionKernel.FLASH,
     attention_efficiency=0.5,
 )
+# The H100 of Meta's Grand Teton hosts (torchtitan's benchmarks): 96 GB HBM2e at
+# 2.4 TB/s, power-capped at 500 W, with a peak "between SXM and NVL" (torchtitan,
+# docs/performance.md): the lower bound, the H100 NVL's 835 TFLOP/s dense bf16.
+_H100_96_HBM2E = replace(
+    _H100_80,
+    name="H100-HBM2e-96GB-500W",
+    memory_gib=96 * 1e9 / GIB,
+    peak_flops_16bit=835e12,
+    peak_flops_32bit=60e12,
+    memory_bandwidth=2.4e12,
+)
 _V100_16 = DeviceSpec(
     name="V100-SXM2-16GB",
     memory_gib=16,
@@ -164,6 +175,8 @@ _V100_16 = DeviceSpec(
 )
 _DGX_A100_NVLINK = LinkSpec(bandwidth=230e9, latency_s=10e-6)
 _DGX_A100_IB = LinkSpec(bandwidth=8 * 23e9, latency_s=15e-6)
+_H100_NVLINK = LinkSpec(bandwidth=360e9, latency_s=8e-6)  # NVLink 4: 450 GB/s one way
+_H100_NETWORK = LinkSpec(bandwidth=8 * 45e9, latency_s=12e-6)  # 8 x 400 Gb/s (NDR, RoCE)
 
 PRESETS: dict[str, ClusterSpec] = {
     "a100-80g": ClusterSpec("a100-80g", 1, 8, _A100_80, _DGX_A100_NVLINK, _DGX_A100_IB),
@@ -173,8 +186,16 @@ PRESETS: dict[str, ClusterSpec] = {
         1,
         8,
         _H100_80,
-        LinkSpec(bandwidth=360e9, latency_s=8e-6),  # NVLink 4: 450 GB/s one way
-        LinkSpec(bandwidth=8 * 45e9, latency_s=12e-6),  # 8 x NDR 400 Gb/s
+        _H100_NVLINK,
+        _H100_NETWORK,
+    ),
+    "h100-96g-hbm2e": ClusterSpec(
+        "h100-96g-hbm2e",
+        1,
+        8,
+        _H100_96_HBM2E,
+        _H100_NVLINK,
+        _H100_NETWORK,
     ),
     "v100-16g": ClusterSpec(
         "v100-16g",

@@ -10,6 +10,7 @@ identical layers are analysed once.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from pathlib import Path
@@ -92,11 +93,41 @@ class FlatCausalLM(nn.Module):
             extra["position_ids"] = positions
         for layer in self.layers:
             h = layer(h, attention_mask=None, **extra)
+            h = h[0] if isinstance(h, tuple) else h  # transformers < 5 returns a tuple
         return self.lm_head(self.norm(h))
 
 
 def _flat(config: Any) -> nn.Module:
-    return FlatCausalLM(hf_model(config))
+    """The flat view of a config's model. On the meta device the model is built with
+    one decoder layer and the rest are copies of it with parameters of their own
+    (building 126 layers through ``transformers`` takes seconds; copying, tens of ms)."""
+    if torch.empty(0).device.type != "meta":
+        return FlatCausalLM(hf_model(config))
+    small = copy.deepcopy(config)
+    layers_key = "n_layer" if small.model_type == "gpt2" else "num_hidden_layers"
+    count = getattr(small, layers_key)
+    setattr(small, layers_key, 1)
+    flat = FlatCausalLM(hf_model(small))
+    first = flat.layers[0]
+    flat.layers = nn.ModuleList([first, *(_meta_copy(first) for _ in range(count - 1))])
+    return flat
+
+
+def _meta_copy(module: nn.Module) -> nn.Module:
+    """``module`` with new (meta) parameters and its own hooks; buffers shared."""
+    clone = module.__class__.__new__(module.__class__)
+    clone.__dict__ = {
+        key: type(value)(value) if isinstance(value, dict) else value
+        for key, value in module.__dict__.items()
+    }
+    clone._parameters = {
+        name: None if p is None else nn.Parameter(torch.empty_like(p), p.requires_grad)
+        for name, p in module._parameters.items()
+    }
+    clone._modules = {
+        name: None if m is None else _meta_copy(m) for name, m in module._modules.items()
+    }
+    return clone
 
 
 def hf_spec(source: str | Path | dict[str, Any], seq_len: int) -> ModelSpec:
@@ -123,4 +154,12 @@ def hf_spec(source: str | Path | dict[str, Any], seq_len: int) -> ModelSpec:
         tp_divisibility=(("heads", heads), ("kv_heads", kv_heads), ("ffn_hidden", ffn)),
         tokens_per_sample=seq_len,
         seq_len=seq_len,
+        loss=_next_token_loss,
+        target=((seq_len,), torch.long),
     )
+
+
+def _next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross entropy of every position's logits (in fp32, as ``transformers`` computes
+    the loss) against its target token."""
+    return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())

@@ -144,8 +144,10 @@ def ring_time(
     if per_node > 1:
         time += _ring_level(nbytes, per_node, cluster.intra_node, 1.0, fraction, not flat_ring)
     if nodes > 1:
-        # The node's network is shared by all its devices, whose groups run at once.
-        share = per_node / cluster.devices_per_node
+        # The node's network is shared by all its devices: each of them (every group
+        # on the node, and every member of each) sends its part at once, over its own
+        # 1/devices_per_node of the node's network (one NIC per GPU, rail-optimised).
+        share = 1 / cluster.devices_per_node
         time += _ring_level(nbytes / per_node, nodes, cluster.inter_node, share, fraction)
         if flat_ring:
             time += (size - nodes) * cluster.inter_node.latency_s
