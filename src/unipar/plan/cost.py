@@ -202,7 +202,8 @@ def attention_time(
     if not layer.attention_matmuls:
         return 0.0
     device, tp = cluster.device, plan.mesh.tp
-    again = plan.recompute is not Recompute.NONE  # full and selective run it again
+    # Selective recompute runs it again; full, in the layers that recompute.
+    again = 1.0 if plan.recompute is Recompute.SELECTIVE else plan.recomputed_fraction
     if device.attention is AttentionKernel.FLASH:
         rate = device.peak_flops * (device.attention_efficiency or device.gemm_efficiency)
         flops = layer.attention_flops * samples / tp * (0.5 if causal else 1.0)
@@ -251,7 +252,7 @@ def layer_time(
     and pass; under context parallelism each rank takes 1/cp of every sequence."""
     tp, cp = plan.mesh.tp, plan.mesh.cp
     samples = plan.microbatch_size / cp
-    passes = 3 + (plan.recompute is Recompute.FULL)
+    passes = 3 + plan.recomputed_fraction
     sp = plan.sequence_parallel and tp > 1
     attention = attention_time(layer, samples, plan, cluster, causal)
     compute = passes * layer_forward_time(layer, samples, tp, cluster, sequence_parallel=sp)
@@ -263,13 +264,13 @@ def layer_time(
     # With sequence parallelism each all-reduce is a reduce-scatter plus an all-gather
     # of the same volume: the same ring time.
     one = ring_time(layer.output_elems * samples * bpe, plan.mesh, "tp", cluster, fraction=2)
-    comm_passes = 2 + (plan.recompute is Recompute.FULL)
+    comm_passes = 2 + plan.recomputed_fraction
     comm = tp_allreduces(layer) * comm_passes * one
     if cp > 1 and layer.attention_kv_elems:
         # Forward passes keys and values on; backward passes them and their gradients.
         chunk = layer.attention_kv_elems * samples / tp * bpe
         step = ring_time(chunk * cp, plan.mesh, "cp", cluster, fraction=1)
-        kv_passes = 1 + 2 + (plan.recompute is not Recompute.NONE)
+        kv_passes = 1 + 2 + (plan.recompute is Recompute.SELECTIVE) + plan.recomputed_fraction
         comm += max(0.0, kv_passes * step - attention)
     return compute, comm
 
@@ -285,19 +286,21 @@ def rank_memory(
     scores = device.attention is AttentionKernel.MATH and plan.recompute is not (
         Recompute.SELECTIVE
     )
+    saved = loads.saved_sharded / tp + loads.saved_replicated / sp
+    if scores:
+        saved = saved + loads.saved_attention / tp
+    activations = saved * b * bpe * in_flight
     if plan.recompute is Recompute.FULL:
-        # Each layer's input is kept; one layer's activations exist while it recomputes.
+        # A recomputing layer keeps its input; one layer's activations exist while it
+        # recomputes. The share 1 - f of layers that do not recompute keep theirs.
         largest = (
             loads.layer_saved_sharded / tp
             + loads.layer_saved_replicated / sp
             + (loads.layer_saved_attention / tp if scores else 0)
         ).max(axis=1)
-        activations = (loads.kept_inputs / sp * in_flight + largest) * b * bpe
-    else:
-        saved = loads.saved_sharded / tp + loads.saved_replicated / sp
-        if scores:
-            saved = saved + loads.saved_attention / tp
-        activations = saved * b * bpe * in_flight
+        f = plan.recomputed_fraction
+        kept = (loads.kept_inputs / sp * in_flight + largest) * b * bpe
+        activations = f * kept + (1 - f) * activations
     zero3 = mesh.fsdp > 1 and plan.reshard_after_forward
     optimizer_shards = mesh.fsdp * (mesh.dp * mesh.cp if plan.distributed_optimizer else 1)
     per_param = (
@@ -371,7 +374,14 @@ class CostModel:
 
     def layer_times(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
         mesh = plan.mesh
-        key = (plan.microbatch_size, mesh.tp, mesh.cp, plan.recompute, plan.sequence_parallel)
+        key = (
+            plan.microbatch_size,
+            mesh.tp,
+            mesh.cp,
+            plan.recompute,
+            plan.recompute_every,
+            plan.sequence_parallel,
+        )
         if mesh.cp > 1:  # the key-value ring's links depend on where the cp group lies
             key += (group_span(mesh, "cp", self.cluster.devices_per_node),)
         if key not in self._times:
@@ -434,7 +444,7 @@ def _fsdp_framework_time(model: CostModel, plan: Plan, loads: RankLoads) -> floa
         return 0.0
     is_block = np.array([x.kind is LayerKind.BLOCK for x in model.unique], dtype=float)
     units = float((loads.counts @ is_block).max()) + plan.virtual_stages
-    passes = 3 + (plan.recompute is Recompute.FULL)
+    passes = 3 + plan.recomputed_fraction
     overhead = model.cluster.device.fsdp_unit_overhead_s
     return units * passes * plan.num_microbatches * overhead
 
@@ -482,7 +492,7 @@ def _estimate(model: CostModel, plan: Plan, stages: list[list[int]]) -> Estimate
         gathers = 2 * m if plan.reshard_after_forward else 1  # forward + backward per microbatch
         one = units * ring_time(grad_bytes / units, mesh, "fsdp", cluster, fraction=1)
         sync += (1 + gathers) * one  # one reduce-scatter, then the all-gathers
-    passes = 3 + (plan.recompute is Recompute.FULL)
+    passes = 3 + plan.recomputed_fraction
     overlap = device.overlaps_communication
     last_backward = float(rank_compute_all[0]) * 2 / passes if overlap else 0.0
     exposed_sync = max(0.0, sync - last_backward) + _fsdp_framework_time(model, plan, loads)

@@ -9,7 +9,6 @@ from unipar.analysis.profile import ModelProfile, analyze
 from unipar.cluster.spec import ClusterSpec
 from unipar.errors import ConfigError
 from unipar.models.spec import ModelSpec
-from unipar.plan.representation import Recompute
 from unipar.plan.strategy_search import Candidate, Constraints, SearchResult, search
 
 
@@ -34,7 +33,7 @@ class PlanReport:
         e, plan = c.estimate, c.plan
         devices = plan.mesh.world_size
         step = e.step_time_s
-        executed = e.model_flops * (4 / 3 if plan.recompute is Recompute.FULL else 1)
+        executed = e.model_flops * (1 + plan.recomputed_fraction / 3)
         return {
             "step_time_s": step,
             "memory_gib_per_device": e.memory.total_gib,
@@ -60,6 +59,7 @@ class PlanReport:
                 "schedule": plan.schedule.value,
                 "virtual_stages": plan.virtual_stages,
                 "recompute": plan.recompute.value,
+                "recompute_every": plan.recompute_every,
                 "zero": _zero_level(self.best),
                 "stage_boundaries": list(plan.stage_boundaries),
             },
@@ -112,7 +112,8 @@ def describe(candidate: Candidate) -> str:
     if mesh.pp > 1:
         virtual = f"(v={plan.virtual_stages})" if plan.virtual_stages > 1 else ""
         parts.append(f"{plan.schedule.value}{virtual}")
-    parts.append(f"recompute={plan.recompute.value}")
+    every = f"(every {plan.recompute_every})" if plan.recompute_every > 1 else ""
+    parts.append(f"recompute={plan.recompute.value}{every}")
     return " ".join(parts)
 
 

@@ -135,6 +135,9 @@ class Plan:
     (Korthikanti et al. 2022). ``distributed_optimizer`` shards the optimizer state over
     the data-parallel ranks, which reduce-scatter gradients and all-gather the updated
     weights (ZeRO-1, Rajbhandari et al. 2020; Megatron-LM's distributed optimizer).
+    ``recompute_every``: with full recompute, every n-th layer recomputes and the others
+    keep their activations (1: all layers; Megatron-LM's ``--recompute-num-layers``,
+    torchtitan's selective layer checkpointing).
     """
 
     mesh: Mesh = field(default_factory=Mesh)
@@ -149,13 +152,23 @@ class Plan:
     layer_tp: tuple[TensorParallelStyle, ...] = ()
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
+    recompute_every: int = 1
 
     def __post_init__(self) -> None:
+        if self.recompute_every < 1:
+            raise ConfigError(
+                f"recompute_every must be >= 1 (1: every layer), but got {self.recompute_every}"
+            )
         if self.microbatch_size < 1 or self.num_microbatches < 1:
             raise ConfigError(
                 "microbatch_size and num_microbatches must be >= 1, but got "
                 f"microbatch_size={self.microbatch_size}, num_microbatches={self.num_microbatches}"
             )
+
+    @property
+    def recomputed_fraction(self) -> float:
+        """The share of layers whose forward runs again in backward (full recompute)."""
+        return 1 / self.recompute_every if self.recompute is Recompute.FULL else 0.0
 
     @property
     def global_batch_size(self) -> int:

@@ -17,6 +17,7 @@ class Feature(Enum):
     SEQUENCE_PARALLEL = "sequence parallelism (sequence_parallel=true)"
     DISTRIBUTED_OPTIMIZER = "a distributed optimizer, ZeRO-1 (distributed_optimizer=true)"
     SELECTIVE_RECOMPUTE = "selective recompute (recompute='selective')"
+    PARTIAL_RECOMPUTE = "full recompute of every n-th layer (recompute_every > 1)"
 
 
 # Options the runtime does not apply yet; an option leaves this set when the runtime
@@ -30,6 +31,7 @@ _FIXES = {
         "set distributed_optimizer to false (mesh.fsdp > 1 shards optimizer state with ZeRO-2/3)"
     ),
     Feature.SELECTIVE_RECOMPUTE: "use recompute 'none' or 'full'",
+    Feature.PARTIAL_RECOMPUTE: "set recompute_every to 1 (every layer)",
 }
 
 
@@ -44,6 +46,8 @@ def plan_features(plan: Plan) -> set[Feature]:
         used.add(Feature.DISTRIBUTED_OPTIMIZER)
     if plan.recompute is Recompute.SELECTIVE:
         used.add(Feature.SELECTIVE_RECOMPUTE)
+    if plan.recompute is Recompute.FULL and plan.recompute_every > 1:
+        used.add(Feature.PARTIAL_RECOMPUTE)
     return used
 
 

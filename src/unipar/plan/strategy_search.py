@@ -28,6 +28,7 @@ from unipar.plan.representation import Mesh, PipelineSchedule, Plan, Recompute
 from unipar.plan.runtime_support import RUNTIME_LACKS, Feature
 
 VIRTUAL_STAGES = (2, 3, 4, 6, 8)  # interleaving depths tried
+RECOMPUTE_EVERY = (4, 2, 1)  # full recompute of every n-th layer, fewest layers first
 MAX_CP = 32
 
 
@@ -46,6 +47,7 @@ class Constraints:
     schedule: PipelineSchedule | None = None
     virtual_stages: int | None = None
     recompute: Recompute | None = None
+    recompute_every: int | None = None
     sequence_parallel: bool | None = None
     distributed_optimizer: bool | None = None
     runtime_only: bool = False
@@ -224,7 +226,7 @@ def search(
                 continue
             m = per_replica // b
             for schedule, v in _schedules(mesh, profile, m, constraints):
-                for recompute in recomputes:
+                for recompute, every in recomputes:
                     plan = Plan(
                         mesh=mesh,
                         microbatch_size=b,
@@ -232,12 +234,13 @@ def search(
                         schedule=schedule,
                         virtual_stages=v,
                         recompute=recompute,
+                        recompute_every=every,
                         reshard_after_forward=reshard,
                         sequence_parallel=sp,
                         distributed_optimizer=zero1,
                     )
                     chunks = mesh.pp * v
-                    key = (chunks, mesh.tp, recompute)
+                    key = (chunks, mesh.tp, recompute, every)
                     if key not in partitions:
                         unit = replace(plan, microbatch_size=1)
                         weights = [sum(layer_time(x, unit, cluster)) for x in profile.layers]
@@ -251,6 +254,10 @@ def search(
                     result = model.estimate(plan, stages)
                     evaluated += 1
                     (fitting if result.fits else over).append(Candidate(plan, result))
+                    # The options after one that fits are slower: none before any
+                    # recompute; full recompute of fewer layers before more.
+                    if result.fits and recompute is not Recompute.SELECTIVE:
+                        break
     fitting.sort(key=lambda c: c.estimate.step_time_s)
     over.sort(key=lambda c: c.estimate.memory.total_gib)
     if not fitting:
@@ -264,16 +271,25 @@ def search(
     )
 
 
-def _recomputes(profile: ModelProfile, cluster: ClusterSpec, fixed: Constraints) -> list[Recompute]:
-    """Recompute options worth costing: selective only where attention stores scores
-    (the math path); under a flash kernel it saves nothing and costs a forward."""
-    if fixed.recompute is not None:
-        return [fixed.recompute]
-    options = [Recompute.NONE, Recompute.FULL]
+def _recomputes(
+    profile: ModelProfile, cluster: ClusterSpec, fixed: Constraints
+) -> list[tuple[Recompute, int]]:
+    """(recompute, every n-th layer) options worth costing, from the fastest: none;
+    selective only where attention stores scores (the math path; under a flash kernel
+    it saves nothing and costs a forward); full recompute of every 4th, 2nd, then
+    every layer."""
     stores_scores = cluster.device.attention is AttentionKernel.MATH and profile.has_attention
+    options = [(Recompute.NONE, 1)]
     if stores_scores and fixed.allows(Feature.SELECTIVE_RECOMPUTE):
-        options.insert(1, Recompute.SELECTIVE)
-    return options
+        options.append((Recompute.SELECTIVE, 1))
+    partial = fixed.allows(Feature.PARTIAL_RECOMPUTE) and profile.num_blocks > 1
+    options += [(Recompute.FULL, n) for n in RECOMPUTE_EVERY if partial or n == 1]
+    return [
+        (recompute, every)
+        for recompute, every in options
+        if fixed.recompute in (None, recompute)
+        and (recompute is not Recompute.FULL or fixed.recompute_every in (None, every))
+    ]
 
 
 def check_constraints(
