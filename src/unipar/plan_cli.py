@@ -105,11 +105,21 @@ def run_plan(args: argparse.Namespace) -> int:
         devices_per_node=args.gpus_per_node,
         attention=args.attention,
     )
-    report = plan(model_spec(args), cluster, args.global_batch, constraints=parse_fix(args.fix))
+    spec = model_spec(args)
+    report = plan(spec, cluster, args.global_batch, constraints=parse_fix(args.fix))
+    versus = None
+    if args.versus:
+        from unipar.plan.explain import trades
+
+        pinned = plan(spec, cluster, args.global_batch, constraints=parse_fix(args.versus))
+        versus = trades(report.best, pinned.best, f"--versus {args.versus}")
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+        result = report.to_dict()
+        if versus:
+            result["versus"] = versus
+        print(json.dumps(result, indent=1))
     else:
-        print(report.explain())
+        print(report.explain() + (f"\n\n{versus}" if versus else ""))
     return 0
 
 
@@ -153,6 +163,12 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
         "--fix",
         default=None,
         help="pin choices, e.g. tp=8,pp=2,dp=4,cp=2,recompute=full,sequence_parallel=true",
+    )
+    parser.add_argument(
+        "--versus",
+        default=None,
+        help="also plan with these choices pinned (as --fix) and say what the chosen plan "
+        "trades against it, e.g. a published plan: tp=8,pp=16,dp=64",
     )
     parser.add_argument(
         "--explain", action="store_true", help="print the explanation (the default without --json)"

@@ -19,6 +19,7 @@ kernel stores no scores: Dao et al. 2022).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -72,7 +73,7 @@ class LayerProfile:
     attention_saved_elems: float = 0.0  # scores saved for backward
     attention_kv_elems: float = 0.0  # keys and values read by the attention core
 
-    @property
+    @functools.cached_property
     def attention_flops(self) -> float:
         return sum(flops for flops, _, _ in self.attention_matmuls)
 
@@ -102,7 +103,7 @@ class ModelProfile:
     def has_attention(self) -> bool:
         return any(layer.attention_matmuls for layer in self.layers)
 
-    @property
+    @functools.cached_property
     def num_blocks(self) -> int:
         return sum(layer.kind is LayerKind.BLOCK for layer in self.layers)
 

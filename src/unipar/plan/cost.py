@@ -41,8 +41,9 @@ Sources of the formulas:
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -115,6 +116,7 @@ class Estimate:
         return self.time.total_s
 
 
+@functools.lru_cache(maxsize=4096)
 def group_span(mesh: Mesh, axis: str, devices_per_node: int) -> tuple[int, int]:
     """(devices of one group on one node, nodes the group spans) for a mesh axis, with
     axes laid out innermost first in the order tp, cp, fsdp, dp, pp. ``axis`` may name
@@ -359,16 +361,19 @@ class CostModel:
     def __init__(self, profile: ModelProfile, cluster: ClusterSpec) -> None:
         self.profile, self.cluster = profile, cluster
         self.forward_flops = profile.forward_flops
+        # Layers that cost the same (repeated blocks: all but the name) are costed once.
         index: dict[LayerProfile, int] = {}
         self.unique: list[LayerProfile] = []
         self.layer_index: list[int] = []
-        for layer in profile.layers:
-            if layer not in index:
-                index[layer] = len(self.unique)
-                self.unique.append(layer)
-            self.layer_index.append(index[layer])
         styles = tensor_parallel_styles(profile)
-        self.unique_styles = [styles[profile.layers.index(layer)] for layer in self.unique]
+        self.unique_styles: list[TensorParallelStyle] = []
+        for layer, style in zip(profile.layers, styles, strict=True):
+            costs = replace(layer, name="")
+            if (costs, style) not in index:
+                index[costs, style] = len(self.unique)
+                self.unique.append(layer)
+                self.unique_styles.append(style)
+            self.layer_index.append(index[costs, style])
         self._times: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._loads: dict[tuple, RankLoads] = {}
 
@@ -392,6 +397,13 @@ class CostModel:
             ]
             self._times[key] = (np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
         return self._times[key]
+
+    def layer_weights(self, plan: Plan) -> list[float]:
+        """Each layer's (compute + communication) seconds under ``plan``, in layer order:
+        what pipeline stages balance."""
+        compute, comm = self.layer_times(plan)
+        per_unique = compute + comm
+        return [float(per_unique[i]) for i in self.layer_index]
 
     def rank_loads(self, stages: list[list[int]], pp: int) -> RankLoads:
         key = (pp, tuple(s[0] for s in stages), len(stages))
@@ -440,12 +452,12 @@ def _fsdp_framework_time(model: CostModel, plan: Plan, loads: RankLoads) -> floa
     runtime makes each block a unit, plus one for the rest of each stage, and uses FSDP
     whenever data parallelism meets sharding, tensor or pipeline parallelism."""
     mesh = plan.mesh
-    if mesh.data_replicas == 1 or (mesh.fsdp, mesh.tp, mesh.pp) == (1, 1, 1):
+    overhead = model.cluster.device.fsdp_unit_overhead_s
+    if overhead == 0 or mesh.data_replicas == 1 or (mesh.fsdp, mesh.tp, mesh.pp) == (1, 1, 1):
         return 0.0
     is_block = np.array([x.kind is LayerKind.BLOCK for x in model.unique], dtype=float)
     units = float((loads.counts @ is_block).max()) + plan.virtual_stages
     passes = 3 + plan.recomputed_fraction
-    overhead = model.cluster.device.fsdp_unit_overhead_s
     return units * passes * plan.num_microbatches * overhead
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from unipar.analysis.profile import LayerKind, ModelProfile
 from unipar.cluster.spec import AttentionKernel, ClusterSpec
 from unipar.errors import ConfigError
-from unipar.plan.cost import CostModel, Estimate, layer_time, tensor_parallel_styles
+from unipar.plan.cost import CostModel, Estimate, tensor_parallel_styles
 from unipar.plan.representation import Mesh, PipelineSchedule, Plan, Recompute
 from unipar.plan.runtime_support import RUNTIME_LACKS, Feature
 
@@ -187,6 +187,8 @@ def _schedules(mesh: Mesh, profile: ModelProfile, m: int, fixed: Constraints):  
             continue
         if schedule is PipelineSchedule.ONE_F_ONE_B and m < mesh.pp:
             continue  # 1F1B's warm-up needs a micro-batch per stage (as torch requires)
+        if schedule is PipelineSchedule.GPIPE and m >= mesh.pp and fixed.schedule is None:
+            continue  # 1F1B runs: the same time, and no more micro-batches in flight
         if schedule is not PipelineSchedule.INTERLEAVED_1F1B:
             if fixed.virtual_stages in (None, 1):
                 yield schedule, 1
@@ -243,7 +245,7 @@ def search(
                     key = (chunks, mesh.tp, recompute, every)
                     if key not in partitions:
                         unit = replace(plan, microbatch_size=1)
-                        weights = [sum(layer_time(x, unit, cluster)) for x in profile.layers]
+                        weights = model.layer_weights(unit)
                         partitions[key] = stage_partition(profile, weights, chunks)
                     stages = partitions[key]
                     plan = replace(
