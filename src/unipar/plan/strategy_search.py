@@ -30,6 +30,10 @@ from unipar.plan.runtime_support import RUNTIME_LACKS, Feature
 VIRTUAL_STAGES = (2, 3, 4, 6, 8)  # interleaving depths tried
 RECOMPUTE_EVERY = (4, 2, 1)  # full recompute of every n-th layer, fewest layers first
 MAX_CP = 32
+# Context parallelism is tried down to this many tokens per rank: below it a ring
+# step's attention (which grows with the chunk squared) no longer hides the exchange
+# of keys and values (which grows with the chunk), and data parallelism does better.
+MIN_CP_CHUNK = 2048
 
 
 @dataclass(frozen=True)
@@ -123,13 +127,18 @@ def _divisors(n: int) -> list[int]:
 
 def context_parallel_sizes(profile: ModelProfile, fixed: Constraints) -> list[int]:
     """cp sizes worth trying: 1, and powers of two up to :data:`MAX_CP` whose load-balanced
-    ring (2 x cp chunks per sequence) divides the sequence of a model with attention."""
+    ring (2 x cp chunks per sequence) divides the sequence of a model with attention,
+    leaving each rank at least :data:`MIN_CP_CHUNK` tokens."""
     if fixed.cp is not None:
         return [fixed.cp]
     seq = profile.attention_seq
     if not fixed.allows(Feature.CONTEXT_PARALLEL) or not seq or not profile.has_attention:
         return [1]
-    return [c for c in (1, 2, 4, 8, 16, MAX_CP) if seq % (2 * c) == 0 or c == 1]
+    return [
+        c
+        for c in (1, 2, 4, 8, 16, MAX_CP)
+        if c == 1 or (seq % (2 * c) == 0 and seq // c >= MIN_CP_CHUNK)
+    ]
 
 
 def _meshes(
