@@ -57,6 +57,7 @@ def pinned_constraints(row: dict[str, str]) -> Constraints:
         cp=int(row["cp"]),
         microbatch_size=int(row["microbatch"]) if row["microbatch"] else None,
         recompute=Recompute(recompute) if recompute in ("none", "full") else None,
+        recompute_every=1 if recompute == "full" else None,  # full: every layer
     )
 
 

@@ -57,6 +57,7 @@ def test_reference_row(row):
         fsdp=1,
         cp=1,
         recompute=Recompute.FULL,
+        recompute_every=1,  # every layer, as Megatron-LM's full recompute did
         sequence_parallel=False,  # Megatron-LM in 2021: no sequence parallelism
         distributed_optimizer=False,
     )
@@ -101,7 +102,7 @@ def test_cli_json_contract():
         "--attention",
         "math",
         "--fix",
-        f"tp={row['tp']},pp={row['pp']},dp={row['dp']},cp=1,recompute=full,"
+        f"tp={row['tp']},pp={row['pp']},dp={row['dp']},cp=1,recompute=full,recompute_every=1,"
         "sequence_parallel=false,distributed_optimizer=false",
         "--json",
     ]

@@ -12,7 +12,7 @@ from unipar.errors import ConfigError
 if TYPE_CHECKING:
     from unipar.models import ModelSpec
 
-_INT_KEYS = {"tp", "pp", "dp", "fsdp", "cp", "microbatch_size", "virtual_stages"}
+_INT_KEYS = {"tp", "pp", "dp", "fsdp", "cp", "microbatch_size", "virtual_stages", "recompute_every"}
 _ENUM_KEYS = {"schedule", "recompute"}
 _BOOL_KEYS = {"sequence_parallel", "distributed_optimizer"}
 _MODELS = ("gpt", "llama", "mlp")
