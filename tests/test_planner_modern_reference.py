@@ -17,26 +17,22 @@ ROW_BOUND, MEDIAN_BOUND = 0.15, 0.07
 
 # id: (error measured when this table was built, why)
 KNOWN_MISSES = {
-    "llama3_405b_128k_gpu16384": (
-        -0.195,
-        "131,072-token attention: the flash kernel's efficiency at this length and the "
-        "all-gather based context parallelism of the Llama 3 run are not modelled",
+    "llama3_405b_8k_gpu16384": (
+        +0.191,
+        "the run used no activation checkpointing, which the memory model cannot fit in "
+        "80 GB (about 122 GiB per device), so the plan recomputes every second layer",
     ),
-    "torchtitan_8b_fsdp8_h100": (
-        -0.208,
-        "eager PyTorch (no torch.compile: 16% slower per torchtitan's own table) with "
-        "element-wise ops in fp32; op-level selective checkpointing is not a planner option",
+    "torchtitan_8b_fsdp128_h100": (
+        -0.230,
+        "eager PyTorch (torch.compile alone is 16% faster in torchtitan's table); "
+        "op-level selective checkpointing is not a planner option (searched instead)",
     ),
-    "torchtitan_8b_fsdp128_h100": (-0.287, "as torchtitan_8b_fsdp8_h100"),
     "torchtitan_llama3_8b_fsdp64_a100": (
-        -0.238,
-        "eager PyTorch; op-level selective checkpointing is not a planner option (searched: "
-        "none fits)",
+        -0.205,
+        "eager PyTorch; op-level selective checkpointing is not a planner option "
+        "(searched: none fits)",
     ),
-    "torchtitan_llama2_13b_sel_fsdp64_a100": (
-        -0.251,
-        "as torchtitan_llama3_8b_fsdp64_a100",
-    ),
+    "torchtitan_llama2_13b_sel_fsdp64_a100": (-0.225, "as torchtitan_llama3_8b_fsdp64_a100"),
 }
 
 
@@ -66,7 +62,7 @@ def test_known_misses_are_measured_as_recorded(outcomes):
         assert outcomes[row_id].error == pytest.approx(error, abs=0.03), row_id
 
 
-@pytest.mark.xfail(strict=True, reason="median |error| 15.0% with the misses above")
+@pytest.mark.xfail(strict=True, reason="median |error| 14.0% with the misses above")
 def test_median_error_within_7_percent(outcomes):
     assert statistics.median(abs(o.error) for o in outcomes.values()) <= MEDIAN_BOUND
 

@@ -161,6 +161,7 @@ class _Recorder(TorchDispatchMode):
         # grouped-query attention repeats keys and values for the math path; a fused
         # kernel and the context-parallel ring pass the unrepeated ones.
         self.repeated: dict[int, int] = {}
+        self.parameter_bytes = 4  # element size of the model's floating-point parameters
         self.current: str | None = None
         self.stats: dict[str, dict[str, float]] = {}
         self.matmuls: dict[str, list[tuple[float, float, float]]] = {}
@@ -168,6 +169,18 @@ class _Recorder(TorchDispatchMode):
 
     def is_parameter(self, t: torch.Tensor) -> bool:
         return t.untyped_storage()._cdata in self.parameter_storages
+
+    def width(self, t: object) -> float:
+        """Elements of ``t`` in units of the parameters' width: a float32 tensor of a
+        bfloat16 model (an upcast norm, rotary embedding or loss) counts twice, as it
+        moves twice the bytes; in a float32 model every float tensor counts once. Used
+        for the traffic of memory-bound ops; saved activations are counted at the
+        training width."""
+        if not isinstance(t, torch.Tensor):
+            return 0
+        if not t.is_floating_point():
+            return t.numel()
+        return t.numel() * t.element_size() / self.parameter_bytes
 
     def _note_repeat(self, args: object, out: object) -> None:
         """Remember an output copied from a broadcast view (``expand`` then a copy, as
@@ -210,10 +223,11 @@ class _Recorder(TorchDispatchMode):
         if not returns or returns[0].alias_info is not None or packet.__name__ in _VIEW_LIKE:
             return out
         self._note_repeat(args, out)
+        width = self.width
         if packet.__name__ == "embedding":  # a gather reads only the rows it returns
-            moved = 2 * _numel(out)
+            moved = 2 * width(out)
         else:
-            moved = sum(_numel(t) for t in torch.utils._pytree.tree_leaves((args, kwargs, out)))
+            moved = sum(width(t) for t in torch.utils._pytree.tree_leaves((args, kwargs, out)))
         outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         replicated = bool(outputs) and outputs[0].dim() > 0 and outputs[0].shape[-1] == self.hidden
         if outputs and _is_mask_or_scores(outputs[0], self.seq):
@@ -298,6 +312,8 @@ def analyze(
     recorder = _Recorder(hidden, attention_seq)
     param_storages = {p.untyped_storage()._cdata for p in model.parameters()}
     recorder.parameter_storages = param_storages
+    widths = [p.element_size() for p in model.parameters() if p.is_floating_point()]
+    recorder.parameter_bytes = min(widths, default=4)
     seen_storages: set[int] = set()
     names = {id(module): name for name, module in sequence}
 

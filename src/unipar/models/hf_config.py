@@ -53,12 +53,18 @@ def load_config(source: str | Path | dict[str, Any]) -> Any:
 
 def hf_model(source: str | Path | dict[str, Any] | Any) -> nn.Module:
     """The causal language model of a config, with fresh weights on the current device
-    (under ``torch.device('meta')``: no memory), attention through PyTorch's SDPA."""
+    (under ``torch.device('meta')``: no memory), attention through PyTorch's SDPA, in
+    the config's dtype (``dtype``/``torch_dtype``; float32 if it names none), so the
+    analysis sees which ops the model upcasts to float32."""
     from transformers import AutoModelForCausalLM
 
     config = source if hasattr(source, "model_type") else load_config(source)
     config._attn_implementation = "sdpa"
-    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
 
 
 class FlatCausalLM(nn.Module):
