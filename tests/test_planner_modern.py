@@ -208,15 +208,8 @@ def test_405b_on_8192_h100_the_published_plan_fits_and_free_search_is_no_slower(
         assert "GiB" in text.split("memory (chosen - other): ")[1]
 
 
-@pytest.mark.parametrize(
-    ("config", "params_b"),
-    [("llama3_8b", 8.03), ("qwen2_7b", 7.62), ("mistral_7b", 7.24), ("gpt2", 0.124)],
-)
-def test_plan_hf_configs_from_the_command_line(config, params_b):
-    command = [
-        sys.executable,
-        "-m",
-        "unipar",
+def _plan_command(config: str) -> list[str]:
+    return [
         "plan",
         f"hf:{CONFIGS / config}.json",
         "--seq",
@@ -229,8 +222,18 @@ def test_plan_hf_configs_from_the_command_line(config, params_b):
         "64",
         "--json",
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
-    result = json.loads(done.stdout)
+
+
+@pytest.mark.parametrize(
+    ("config", "params_b"),
+    [("llama3_8b", 8.03), ("qwen2_7b", 7.62), ("mistral_7b", 7.24), ("gpt2", 0.124)],
+)
+def test_plan_hf_configs(config, params_b, capsys):
+    """``unipar plan hf:...`` on real configs (the CLI's own entry point, in process)."""
+    from unipar.cli import main
+
+    assert main(_plan_command(config)) == 0
+    result = json.loads(capsys.readouterr().out)
     assert result["model"]["params"] / 1e9 == pytest.approx(params_b, abs=0.01)
     assert result["predicted"]["step_time_s"] > 0
     assert (
@@ -240,6 +243,12 @@ def test_plan_hf_configs_from_the_command_line(config, params_b):
         * (result["plan"]["dp"] * result["plan"]["fsdp"])
         == 16
     )
+
+
+def test_plan_hf_config_from_a_fresh_process():
+    command = [sys.executable, "-m", "unipar", *_plan_command("qwen2_7b")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads(done.stdout)["model"]["params"] / 1e9 == pytest.approx(7.62, abs=0.01)
 
 
 def test_hf_config_errors_name_the_rule(tmp_path):

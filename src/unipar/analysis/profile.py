@@ -267,10 +267,6 @@ def _is_tensor(x: object) -> bool:
     return isinstance(x, torch.Tensor)
 
 
-def _numel(x: object) -> int:
-    return x.numel() if isinstance(x, torch.Tensor) else 0
-
-
 def analyze(
     model_factory: Callable[[], nn.Module],
     sample_input: Callable[[], torch.Tensor] | torch.Size | tuple[int, ...],
