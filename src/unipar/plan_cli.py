@@ -1,4 +1,5 @@
-"""``unipar plan``: choose a parallel strategy for a reference model on a cluster."""
+"""``unipar plan``: choose a parallel strategy for a reference model, or a Hugging Face
+config (``hf:path/config.json``), on a cluster."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from unipar.errors import ConfigError
 if TYPE_CHECKING:
     from unipar.models import ModelSpec
 
-_INT_KEYS = {"tp", "pp", "dp", "fsdp", "microbatch_size"}
+_INT_KEYS = {"tp", "pp", "dp", "fsdp", "cp", "microbatch_size", "virtual_stages", "recompute_every"}
 _ENUM_KEYS = {"schedule", "recompute"}
+_BOOL_KEYS = {"sequence_parallel", "distributed_optimizer"}
+_MODELS = ("gpt", "llama", "mlp")
 
 
 def parse_fix(text: str | None):  # type: ignore[no-untyped-def]
@@ -33,10 +36,13 @@ def parse_fix(text: str | None):  # type: ignore[no-untyped-def]
             values[key] = _choice(PipelineSchedule, value, key)
         elif key == "recompute":
             values[key] = _choice(Recompute, value, key)
+        elif key in _BOOL_KEYS and value.lower() in ("true", "false"):
+            values[key] = value.lower() == "true"
         else:
             raise ConfigError(
-                f"--fix takes key=value pairs with keys {sorted(_INT_KEYS | _ENUM_KEYS)} "
-                f"(integers >= 1, or a schedule/recompute name), but got {item!r}"
+                f"--fix takes key=value pairs with keys "
+                f"{sorted(_INT_KEYS | _ENUM_KEYS | _BOOL_KEYS)} (integers >= 1, a "
+                f"schedule/recompute name, or true/false), but got {item!r}"
             )
     return Constraints(**values)  # type: ignore[arg-type]
 
@@ -53,6 +59,15 @@ def _choice(enum, value: str, key: str):  # type: ignore[no-untyped-def]
 def model_spec(args: argparse.Namespace) -> ModelSpec:
     from unipar.models import GPTConfig, LlamaConfig, MLPConfig  # torch: only when planning
 
+    if args.model.startswith("hf:"):
+        from unipar.models.hf_config import hf_spec
+
+        return hf_spec(args.model.removeprefix("hf:"), seq_len=args.seq)
+    if args.model not in _MODELS:
+        raise ConfigError(
+            f"the model must be one of {list(_MODELS)} or hf:PATH/config.json, but got "
+            f"{args.model!r}"
+        )
     if args.model == "gpt":
         return GPTConfig(
             vocab_size=args.vocab,
@@ -102,14 +117,30 @@ def run_plan(args: argparse.Namespace) -> int:
     from unipar.cluster import cluster_preset
     from unipar.plan.report import plan
 
-    model = model_spec(args)
+    # The model and the pinned choices are checked before a CPU cluster is calibrated.
+    spec = model_spec(args)
     constraints = parse_fix(args.fix)
-    cluster = cluster_preset(args.cluster, nodes=args.nodes, devices_per_node=args.gpus_per_node)
-    report = plan(model, cluster, args.global_batch, constraints=constraints)
+    versus_constraints = parse_fix(args.versus) if args.versus else None
+    cluster = cluster_preset(
+        args.cluster,
+        nodes=args.nodes,
+        devices_per_node=args.gpus_per_node,
+        attention=args.attention,
+    )
+    report = plan(spec, cluster, args.global_batch, constraints=constraints)
+    versus = None
+    if versus_constraints is not None:
+        from unipar.plan.explain import trades
+
+        pinned = plan(spec, cluster, args.global_batch, constraints=versus_constraints)
+        versus = trades(report.best, pinned.best, f"--versus {args.versus}")
     if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
+        result = report.to_dict()
+        if versus:
+            result["versus"] = versus
+        print(json.dumps(result, indent=1))
     else:
-        print(report.explain())
+        print(report.explain() + (f"\n\n{versus}" if versus else ""))
     if args.plot:
         pictures = report.plot(args.plot)
         if not args.json:
@@ -121,7 +152,11 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "plan", help="choose how to parallelise a model on a cluster (no cluster needed)"
     )
-    parser.add_argument("model", choices=["gpt", "llama", "mlp"])
+    parser.add_argument(
+        "model",
+        help="gpt, llama, mlp, or hf:PATH/config.json (a Hugging Face config of the Llama, "
+        "Qwen2, Mistral or GPT-2 family; needs unipar[hf])",
+    )
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--heads", type=int, default=12)
@@ -139,12 +174,26 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
         default="a100-80g",
         help="a100-80g, a100-40g, h100-80g, h200-141g, v100-16g or cpu (measured here)",
     )
+    parser.add_argument(
+        "--attention",
+        choices=["math", "flash"],
+        default=None,
+        help="the attention kernel (default: the preset's; GPUs: flash)",
+    )
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument(
         "--gpus-per-node", type=int, default=None, help="devices per node (default: the preset's)"
     )
     parser.add_argument(
-        "--fix", default=None, help="pin choices, e.g. tp=8,pp=2,dp=4,recompute=full"
+        "--fix",
+        default=None,
+        help="pin choices, e.g. tp=8,pp=2,dp=4,cp=2,recompute=full,sequence_parallel=true",
+    )
+    parser.add_argument(
+        "--versus",
+        default=None,
+        help="also plan with these choices pinned (as --fix) and say what the chosen plan "
+        "trades against it, e.g. a published plan: tp=8,pp=16,dp=64",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(

@@ -9,12 +9,19 @@ One forward pass on meta tensors is observed at the ATen level:
   once) give the activation memory;
 - a layer's output gives what a pipeline boundary after it would send.
 Backward is taken as twice the forward in FLOPs and bytes (Narayanan et al. 2021, Sec. 5.1).
+
+The meta device runs attention by its math path, which materialises the scores
+(``seq x seq`` per head). Given the sequence length, the attention core (the products
+that make or read scores, and the ops and saved tensors of score shape) is recorded
+apart, so the cost model can cost it as the target device runs it (a fused, flash
+kernel stores no scores: Dao et al. 2022).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import torch
@@ -60,6 +67,15 @@ class LayerProfile:
     saved_elems_replicated: float
     output_elems: float
     splittable_modules: int = 0  # nn.Linear and nn.Embedding inside: what tp splits
+    # The attention core, apart from the fields above (zero where none was seen).
+    attention_matmuls: tuple[tuple[float, float, float], ...] = ()
+    attention_moved_elems: float = 0.0  # memory-bound ops on scores (mask, softmax, dropout)
+    attention_saved_elems: float = 0.0  # scores saved for backward
+    attention_kv_elems: float = 0.0  # keys and values read by the attention core
+
+    @functools.cached_property
+    def attention_flops(self) -> float:
+        return sum(flops for flops, _, _ in self.attention_matmuls)
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,8 @@ class ModelProfile:
     layers: tuple[LayerProfile, ...]
     hidden: int | None
     tp_divisibility: tuple[tuple[str, int], ...]  # (what, size) tp must divide
+    causal_attention: bool = True  # a decoder's attention: a fused kernel skips half
+    attention_seq: int | None = None  # the sequence length the attention core was told by
 
     @property
     def params(self) -> int:
@@ -77,6 +95,10 @@ class ModelProfile:
         return sum(layer.forward_flops for layer in self.layers)
 
     @property
+    def has_attention(self) -> bool:
+        return any(layer.attention_matmuls for layer in self.layers)
+
+    @functools.cached_property
     def num_blocks(self) -> int:
         return sum(layer.kind is LayerKind.BLOCK for layer in self.layers)
 
@@ -116,10 +138,25 @@ class SkipInPlaceOnMeta(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def is_attention_scores(t: object, seq: int | None) -> bool:
+    """A tensor of attention scores: ``[..., seq, seq]`` with heads (or batch x heads)
+    in front, so a ``[1, seq, hidden]`` activation with ``hidden == seq`` is not one."""
+    if seq is None or not isinstance(t, torch.Tensor) or t.dim() < 3:
+        return False
+    return tuple(t.shape[-2:]) == (seq, seq) and t.shape[:-2].numel() > 1
+
+
 class _Recorder(TorchDispatchMode):
-    def __init__(self, hidden: int | None) -> None:
+    def __init__(self, hidden: int | None, seq: int | None = None) -> None:
         super().__init__()
         self.hidden = hidden
+        self.seq = seq
+        self.attention: dict[str, list[tuple[float, float, float]]] = {}
+        # Storages copied from a broadcast (expanded) view, with the elements behind it:
+        # grouped-query attention repeats keys and values for the math path; a fused
+        # kernel and the context-parallel ring pass the unrepeated ones.
+        self.repeated: dict[int, int] = {}
+        self.parameter_bytes = 4  # element size of the model's floating-point parameters
         self.current: str | None = None
         self.stats: dict[str, dict[str, float]] = {}
         self.matmuls: dict[str, list[tuple[float, float, float]]] = {}
@@ -127,6 +164,32 @@ class _Recorder(TorchDispatchMode):
 
     def is_parameter(self, t: torch.Tensor) -> bool:
         return t.untyped_storage()._cdata in self.parameter_storages
+
+    def width(self, t: object) -> float:
+        """Elements of ``t`` in units of the parameters' width: a float32 tensor of a
+        bfloat16 model (an upcast norm, rotary embedding or loss) counts twice, as it
+        moves twice the bytes; in a float32 model every float tensor counts once. Used
+        for the traffic of memory-bound ops; saved activations are counted at the
+        training width."""
+        if not isinstance(t, torch.Tensor):
+            return 0
+        if not t.is_floating_point():
+            return t.numel()
+        return t.numel() * t.element_size() / self.parameter_bytes
+
+    def _note_repeat(self, args: object, out: object) -> None:
+        """Remember an output copied from a broadcast view (``expand`` then a copy, as
+        ``repeat_interleave`` and Hugging Face's ``repeat_kv`` do), or computed element by
+        element from such a copy (the math path's scaling of keys)."""
+        if not isinstance(out, torch.Tensor):
+            return
+        for t in torch.utils._pytree.tree_leaves(args):
+            if not isinstance(t, torch.Tensor) or t.numel() != out.numel():
+                continue
+            behind = self.repeated.get(t.untyped_storage()._cdata, _storage_elems(t))
+            if 0 < behind < out.numel():
+                self.repeated[out.untyped_storage()._cdata] = behind
+                return
 
     def _bucket(self) -> dict[str, float]:
         name = self.current or "<top>"
@@ -142,22 +205,36 @@ class _Recorder(TorchDispatchMode):
             leaves = [t for t in torch.utils._pytree.tree_leaves((args, out)) if _is_tensor(t)]
             weights = sum(t.numel() for t in leaves if self.is_parameter(t))
             moved = sum(t.numel() for t in leaves) - weights
-            self.matmuls.setdefault(self.current or "<top>", []).append((flops, moved, weights))
+            scores = any(is_attention_scores(t, self.seq) for t in leaves)
+            target = self.attention if scores else self.matmuls
+            target.setdefault(self.current or "<top>", []).append((flops, moved, weights))
+            if scores and len(leaves) > 1:  # the second operand of q @ k^T, p @ v: k, v
+                kv = leaves[1]
+                bucket["kv"] += self.repeated.get(kv.untyped_storage()._cdata, kv.numel())
             bucket["flops"] += flops
             bucket["matmul_ops"] += 1
             return out
         returns = func._schema.returns
         if not returns or returns[0].alias_info is not None or packet.__name__ in _VIEW_LIKE:
             return out
+        self._note_repeat(args, out)
+        width = self.width
         if packet.__name__ == "embedding":  # a gather reads only the rows it returns
-            moved = 2 * _numel(out)
+            moved = 2 * width(out)
         else:
-            moved = sum(_numel(t) for t in torch.utils._pytree.tree_leaves((args, kwargs, out)))
+            moved = sum(width(t) for t in torch.utils._pytree.tree_leaves((args, kwargs, out)))
         outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         replicated = bool(outputs) and outputs[0].dim() > 0 and outputs[0].shape[-1] == self.hidden
-        bucket["moved_replicated" if replicated else "moved_sharded"] += moved
+        if outputs and _is_mask_or_scores(outputs[0], self.seq):
+            bucket["attention_moved"] += moved
+        else:
+            bucket["moved_replicated" if replicated else "moved_sharded"] += moved
         bucket["memory_ops"] += 1
         return out
+
+
+def _storage_elems(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes() // max(1, t.element_size())
 
 
 _FIELDS = (
@@ -169,15 +246,20 @@ _FIELDS = (
     "saved_sharded",
     "saved_replicated",
     "output",
+    "kv",
+    "attention_moved",
+    "attention_saved",
 )
+
+
+def _is_mask_or_scores(t: torch.Tensor, seq: int | None) -> bool:
+    """Scores, or the ``[seq, seq]`` causal mask the math path builds for them."""
+    mask = seq is not None and t.dim() == 2 and tuple(t.shape) == (seq, seq)
+    return mask or is_attention_scores(t, seq)
 
 
 def _is_tensor(x: object) -> bool:
     return isinstance(x, torch.Tensor)
-
-
-def _numel(x: object) -> int:
-    return x.numel() if isinstance(x, torch.Tensor) else 0
 
 
 def analyze(
@@ -189,6 +271,8 @@ def analyze(
     tp_divisibility: tuple[tuple[str, int], ...] = (),
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     target: tuple[tuple[int, ...], torch.dtype] | None = None,
+    attention_seq: int | None = None,
+    causal_attention: bool = True,
 ) -> ModelProfile:
     """Profile ``model_factory()`` on one sample of shape ``sample_input`` (batch of 1).
 
@@ -196,6 +280,9 @@ def analyze(
     tensors under tensor parallelism (``None``: everything counts as sharded).
     ``loss`` with ``target`` (one target's shape and dtype): the training loss, whose
     ops are counted with the last layer, as the step runs them after it.
+    ``attention_seq``: the sequence length, which tells attention scores (``seq x seq``)
+    apart (``None``: no attention core is told apart); ``causal_attention``: whether
+    attention is causal (a fused kernel computes half the scores).
     """
     with torch.device("meta"):
         try:
@@ -213,9 +300,11 @@ def analyze(
     sequence = layer_sequence(model)
     if not sequence:
         raise ConfigError(f"{type(model).__name__} has no child modules to analyse as layers")
-    recorder = _Recorder(hidden)
+    recorder = _Recorder(hidden, attention_seq)
     param_storages = {p.untyped_storage()._cdata for p in model.parameters()}
     recorder.parameter_storages = param_storages
+    widths = [p.element_size() for p in model.parameters() if p.is_floating_point()]
+    recorder.parameter_bytes = min(widths, default=4)
     seen_storages: set[int] = set()
     names = {id(module): name for name, module in sequence}
 
@@ -225,7 +314,10 @@ def analyze(
             seen_storages.add(key)
             bucket = recorder._bucket()
             replicated = t.dim() > 0 and t.shape[-1] == hidden
-            bucket["saved_replicated" if replicated else "saved_sharded"] += t.numel()
+            if is_attention_scores(t, attention_seq):
+                bucket["attention_saved"] += t.numel()
+            else:
+                bucket["saved_replicated" if replicated else "saved_sharded"] += t.numel()
         return t
 
     first_of = _memoize_repeats(sequence, recorder)
@@ -256,7 +348,9 @@ def analyze(
         # and so replace what was recorded under the repeat's name.
         recorder.stats[name] = dict(recorder.stats[first])
         recorder.matmuls[name] = list(recorder.matmuls.get(first, []))
-    return _profile(sequence, recorder, hidden, tp_divisibility)
+        recorder.attention[name] = list(recorder.attention.get(first, []))
+    profile = _profile(sequence, recorder, hidden, tp_divisibility)
+    return replace(profile, causal_attention=causal_attention, attention_seq=attention_seq)
 
 
 def _signature(module: nn.Module) -> tuple:
@@ -330,6 +424,10 @@ def _profile(sequence, recorder, hidden, tp_divisibility) -> ModelProfile:  # ty
                 splittable_modules=sum(
                     isinstance(m, (nn.Linear, nn.Embedding)) for m in module.modules()
                 ),
+                attention_matmuls=tuple(recorder.attention.get(name, ())),
+                attention_moved_elems=s["attention_moved"],
+                attention_saved_elems=s["attention_saved"],
+                attention_kv_elems=s["kv"],
             )
         )
     return ModelProfile(tuple(layers), hidden, tuple(tp_divisibility))

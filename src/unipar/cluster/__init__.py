@@ -2,6 +2,7 @@
 
 from unipar.cluster.spec import (
     PRESETS,
+    AttentionKernel,
     ClusterSpec,
     DeviceSpec,
     LinkSpec,
@@ -9,4 +10,12 @@ from unipar.cluster.spec import (
     cluster_preset,
 )
 
-__all__ = ["PRESETS", "ClusterSpec", "DeviceSpec", "LinkSpec", "Precision", "cluster_preset"]
+__all__ = [
+    "PRESETS",
+    "AttentionKernel",
+    "ClusterSpec",
+    "DeviceSpec",
+    "LinkSpec",
+    "Precision",
+    "cluster_preset",
+]

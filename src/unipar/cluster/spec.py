@@ -14,6 +14,17 @@ from unipar.errors import ConfigError
 GIB = 1024**3
 
 
+class AttentionKernel(Enum):
+    """How the device runs attention. ``math``: scores materialised (``seq x seq`` per
+    head, stored for backward), as PyTorch's reference path and the meta-device
+    analysis do. ``flash``: one fused kernel that keeps scores on chip, stores only
+    the output and the softmax statistics, skips the masked half of causal scores and
+    recomputes scores in backward (Dao et al. 2022; Dao 2023)."""
+
+    MATH = "math"
+    FLASH = "flash"
+
+
 class Precision(Enum):
     """Training precision of weights and activations."""
 
@@ -42,6 +53,9 @@ class DeviceSpec:
     workers, where gloo reduces and copies on the same cores).
     ``reserved_gib``: memory the framework and runtime take before the model (context,
     communication buffers, allocator fragmentation).
+    ``attention``: the attention kernel training uses on this device;
+    ``attention_efficiency``: the fraction of peak a fused attention kernel reaches
+    (``None``: ``gemm_efficiency``).
     """
 
     name: str
@@ -57,6 +71,8 @@ class DeviceSpec:
     fsdp_unit_overhead_s: float = 0.0
     optimizer_bandwidth: float | None = None  # bytes/s of the optimizer step (None: HBM)
     overlaps_communication: bool = True  # False: collectives take the cores compute needs
+    attention: AttentionKernel = AttentionKernel.MATH
+    attention_efficiency: float | None = None
 
     @property
     def peak_flops(self) -> float:
@@ -120,6 +136,8 @@ _A100_80 = DeviceSpec(
     gemm_efficiency=0.80,
     kernel_overhead_s=8e-6,
     reserved_gib=3.0,
+    attention=AttentionKernel.FLASH,
+    attention_efficiency=0.6,
 )
 _A100_40 = replace(_A100_80, name="A100-SXM4-40GB", memory_gib=40, memory_bandwidth=1.555e12)
 _H100_80 = DeviceSpec(
@@ -131,6 +149,19 @@ _H100_80 = DeviceSpec(
     gemm_efficiency=0.75,
     kernel_overhead_s=6e-6,
     reserved_gib=3.0,
+    attention=AttentionKernel.FLASH,
+    attention_efficiency=0.5,
+)
+# The H100 of Meta's Grand Teton hosts (torchtitan's benchmarks): 96 GB HBM2e at
+# 2.4 TB/s, power-capped at 500 W, with a peak "between SXM and NVL" (torchtitan,
+# docs/performance.md): the lower bound, the H100 NVL's 835 TFLOP/s dense bf16.
+_H100_96_HBM2E = replace(
+    _H100_80,
+    name="H100-HBM2e-96GB-500W",
+    memory_gib=96 * 1e9 / GIB,
+    peak_flops_16bit=835e12,
+    peak_flops_32bit=60e12,
+    memory_bandwidth=2.4e12,
 )
 # H200 SXM (NVIDIA H200 datasheet, 2024): the H100's compute (989 TFLOP/s dense bf16)
 # with 141 GB of HBM3e at 4.8 TB/s; NVLink 4 as on the H100 (900 GB/s both ways).
@@ -147,6 +178,8 @@ _V100_16 = DeviceSpec(
 )
 _DGX_A100_NVLINK = LinkSpec(bandwidth=230e9, latency_s=10e-6)
 _DGX_A100_IB = LinkSpec(bandwidth=8 * 23e9, latency_s=15e-6)
+_H100_NVLINK = LinkSpec(bandwidth=360e9, latency_s=8e-6)  # NVLink 4: 450 GB/s one way
+_H100_NETWORK = LinkSpec(bandwidth=8 * 45e9, latency_s=12e-6)  # 8 x 400 Gb/s (NDR, RoCE)
 
 PRESETS: dict[str, ClusterSpec] = {
     "a100-80g": ClusterSpec("a100-80g", 1, 8, _A100_80, _DGX_A100_NVLINK, _DGX_A100_IB),
@@ -156,16 +189,24 @@ PRESETS: dict[str, ClusterSpec] = {
         1,
         8,
         _H100_80,
-        LinkSpec(bandwidth=360e9, latency_s=8e-6),  # NVLink 4: 450 GB/s one way
-        LinkSpec(bandwidth=8 * 45e9, latency_s=12e-6),  # 8 x NDR 400 Gb/s
+        _H100_NVLINK,
+        _H100_NETWORK,
+    ),
+    "h100-96g-hbm2e": ClusterSpec(
+        "h100-96g-hbm2e",
+        1,
+        8,
+        _H100_96_HBM2E,
+        _H100_NVLINK,
+        _H100_NETWORK,
     ),
     "h200-141g": ClusterSpec(
         "h200-141g",
         1,
         8,
         _H200_141,
-        LinkSpec(bandwidth=360e9, latency_s=8e-6),  # NVLink 4: 450 GB/s one way
-        LinkSpec(bandwidth=8 * 45e9, latency_s=12e-6),  # 8 x NDR 400 Gb/s
+        _H100_NVLINK,
+        _H100_NETWORK,
     ),
     "v100-16g": ClusterSpec(
         "v100-16g",
@@ -179,17 +220,35 @@ PRESETS: dict[str, ClusterSpec] = {
 
 
 def cluster_preset(
-    name: str, *, nodes: int = 1, devices_per_node: int | None = None
+    name: str,
+    *,
+    nodes: int = 1,
+    devices_per_node: int | None = None,
+    attention: AttentionKernel | str | None = None,
 ) -> ClusterSpec:
-    """A preset by name (``a100-80g``, ``a100-40g``, ``h100-80g``, ``h200-141g``,
-    ``v100-16g``, ``cpu``)."""
+    """A preset by name (``a100-80g``, ``a100-40g``, ``h100-80g``, ``h100-96g-hbm2e``,
+    ``h200-141g``, ``v100-16g``, ``cpu``). ``attention``: the attention kernel, if not the
+    preset's (GPUs: flash; V100 and CPU: math), e.g. ``math`` for runs made before fused
+    attention."""
     if name == "cpu":
         from unipar.cluster.calibrate import calibrated_cpu_cluster
 
-        return calibrated_cpu_cluster(nodes=nodes, devices_per_node=devices_per_node or 2)
-    if name not in PRESETS:
+        cluster = calibrated_cpu_cluster(nodes=nodes, devices_per_node=devices_per_node or 2)
+    elif name not in PRESETS:
         raise ConfigError(
             f"unknown cluster preset {name!r}; known presets: "
             f"{', '.join([*sorted(PRESETS), 'cpu'])}"
         )
-    return PRESETS[name].resized(nodes, devices_per_node)
+    else:
+        cluster = PRESETS[name].resized(nodes, devices_per_node)
+    if attention is None:
+        return cluster
+    if not isinstance(attention, AttentionKernel):
+        try:
+            attention = AttentionKernel(attention)
+        except ValueError:
+            raise ConfigError(
+                f"attention must be one of {[k.value for k in AttentionKernel]}, but got "
+                f"{attention!r}"
+            ) from None
+    return replace(cluster, device=replace(cluster.device, attention=attention))

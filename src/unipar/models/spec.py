@@ -17,7 +17,9 @@ class ModelSpec:
     (tells replicated from sharded tensors under tensor parallelism);
     ``tp_divisibility``: sizes the tensor-parallel degree must divide. ``loss`` and
     ``target``: the training loss and one target's shape and dtype, costed with the
-    last layer (optional).
+    last layer (optional). ``seq_len``: the sequence length of attention (``None``: the
+    tokens per sample when more than one), which tells the analysis attention scores
+    apart; ``causal_attention``: a decoder's causal mask.
     """
 
     name: str
@@ -29,3 +31,11 @@ class ModelSpec:
     input_dtype: torch.dtype = torch.long
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     target: tuple[tuple[int, ...], torch.dtype] | None = None  # one target's shape, dtype
+    seq_len: int | None = None
+    causal_attention: bool = True
+
+    @property
+    def attention_seq(self) -> int | None:
+        if self.seq_len is not None:
+            return self.seq_len
+        return self.tokens_per_sample if self.tokens_per_sample > 1 else None

@@ -20,18 +20,35 @@ Sources of the formulas:
   all-reduce traffic);
 - data-parallel gradient sync overlaps with the backward of the last microbatch where the
   device computes and communicates at once (GPUs; not one-thread CPU workers) (DDP's
-  bucketed all-reduce, Li et al. 2020).
+  bucketed all-reduce, Li et al. 2020);
+- all-gather and reduce-scatter across nodes run as one ring over all ranks (NCCL has no
+  tree for them): the latency term grows with the ranks, (n-1) inter-node hops;
+- attention as the device runs it: the math path materialises and stores the scores; a
+  flash kernel stores none, computes half the scores under a causal mask, and in
+  backward recomputes them (5 products against the forward's 2: 2.5x the forward)
+  (Dao et al. 2022; Dao 2023);
+- sequence parallelism divides the activations and memory-bound ops of the full-width
+  parts (norms, dropout, residuals) by tp and replaces each all-reduce by a
+  reduce-scatter and an all-gather of the same volume (Korthikanti et al. 2022, Sec. 4.2);
+  selective recompute stores no attention core and runs its forward again (Sec. 5);
+- context parallelism splits every sample's sequence over cp ranks (FLOPs, activations
+  and messages / cp); ring attention passes keys and values (cp-1) times per pass,
+  behind the attention compute (Liu et al. 2023); gradients reduce over dp x cp;
+- a distributed optimizer (ZeRO-1) shards the optimizer state over dp x cp and turns the
+  gradient all-reduce into a reduce-scatter and an all-gather of the weights
+  (Rajbhandari et al. 2020; Megatron-LM's distributed optimizer).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from unipar.analysis.profile import LayerKind, LayerProfile, ModelProfile
-from unipar.cluster.spec import GIB, ClusterSpec, LinkSpec
+from unipar.cluster.spec import GIB, AttentionKernel, ClusterSpec, LinkSpec
 from unipar.plan.representation import (
     Mesh,
     MeshAxis,
@@ -44,7 +61,13 @@ from unipar.plan.representation import (
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master weights, Adam momentum and variance
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
 ADAM_STEP_BYTES_PER_PARAM = 30  # read weights, grads, master, m, v; write weights, master, m, v
-_AXIS_ORDER = (MeshAxis.TP, MeshAxis.FSDP, MeshAxis.DP, MeshAxis.PP)  # innermost first
+_AXIS_ORDER = (MeshAxis.TP, MeshAxis.CP, MeshAxis.FSDP, MeshAxis.DP, MeshAxis.PP)  # innermost first
+FLASH_BACKWARD = 2.5  # flash backward: 5 products (scores recomputed) against 2 forward
+Axes = MeshAxis | tuple[MeshAxis, ...]  # one axis, or neighbouring axes as one group
+
+
+def _axes(axis: Axes) -> tuple[MeshAxis, ...]:
+    return axis if isinstance(axis, tuple) else (axis,)
 
 
 @dataclass(frozen=True)
@@ -99,53 +122,108 @@ class Estimate:
         return self.time.total_s
 
 
-def group_span(mesh: Mesh, axis: MeshAxis, devices_per_node: int) -> tuple[int, int]:
+@functools.lru_cache(maxsize=4096)
+def group_span(mesh: Mesh, axis: Axes, devices_per_node: int) -> tuple[int, int]:
     """(devices of one group on one node, nodes the group spans) for a mesh axis, with
-    axes laid out innermost first in the order tp, fsdp, dp, pp."""
-    size = mesh.size(axis)
-    stride = math.prod(mesh.size(a) for a in _AXIS_ORDER[: _AXIS_ORDER.index(axis)])
+    axes laid out innermost first in the order tp, cp, fsdp, dp, pp. ``axis`` may be
+    neighbouring axes together (``(CP, DP)``: one group over both)."""
+    names = _axes(axis)
+    size = math.prod(mesh.size(a) for a in names)
+    first = min(_AXIS_ORDER.index(a) for a in names)
+    stride = math.prod(mesh.size(a) for a in _AXIS_ORDER[:first])
     per_node = 1 if stride >= devices_per_node else max(1, min(size, devices_per_node // stride))
     return per_node, math.ceil(size / per_node)
 
 
 def ring_time(
-    nbytes: float, mesh: Mesh, axis: MeshAxis, cluster: ClusterSpec, *, fraction: float
+    nbytes: float, mesh: Mesh, axis: Axes, cluster: ClusterSpec, *, fraction: float
 ) -> float:
     """One collective over ``axis``: ``fraction`` is 2 for all-reduce, 1 for reduce-scatter
-    or all-gather (times (n-1)/n of the data per device, per level)."""
-    size = mesh.size(axis)
+    or all-gather (times (n-1)/n of the data per device, per level). All-reduce is
+    hierarchical (within nodes, then across); an all-gather or reduce-scatter that spans
+    nodes is one ring over all its ranks, whose n-1 steps each pay the network's
+    latency."""
+    size = math.prod(mesh.size(a) for a in _axes(axis))
     if size == 1 or nbytes == 0:
         return 0.0
     per_node, nodes = group_span(mesh, axis, cluster.devices_per_node)
+    flat_ring = fraction == 1 and nodes > 1
     time = 0.0
     if per_node > 1:
-        time += _ring_level(nbytes, per_node, cluster.intra_node, 1.0, fraction)
+        time += _ring_level(nbytes, per_node, cluster.intra_node, 1.0, fraction, not flat_ring)
     if nodes > 1:
-        # The node's network is shared by all its devices, whose groups run at once.
-        share = per_node / cluster.devices_per_node
+        # The node's network is shared by all its devices: each of them (every group
+        # on the node, and every member of each) sends its part at once, over its own
+        # 1/devices_per_node of the node's network (one NIC per GPU, rail-optimised).
+        share = 1 / cluster.devices_per_node
         time += _ring_level(nbytes / per_node, nodes, cluster.inter_node, share, fraction)
+        if flat_ring:
+            time += (size - nodes) * cluster.inter_node.latency_s
     return time
 
 
-def _ring_level(nbytes: float, n: int, link: LinkSpec, share: float, fraction: float) -> float:
-    return fraction * (n - 1) / n * nbytes / (link.bandwidth * share) + fraction * (n - 1) * (
-        link.latency_s
-    )
+def _ring_level(
+    nbytes: float, n: int, link: LinkSpec, share: float, fraction: float, latency: bool = True
+) -> float:
+    return fraction * (n - 1) / n * nbytes / (link.bandwidth * share) + latency * fraction * (
+        n - 1
+    ) * (link.latency_s)
 
 
-def layer_forward_time(layer: LayerProfile, samples: int, tp: int, cluster: ClusterSpec) -> float:
-    """Roofline per matrix product (the slower of its FLOPs and its bytes), bytes for the
-    memory-bound rest, and a fixed cost per op."""
+def _roofline(
+    matmuls: tuple[tuple[float, float, float], ...], samples: float, tp: int, cluster: ClusterSpec
+) -> float:
     device = cluster.device
     rate = device.peak_flops * device.gemm_efficiency
     bpe, bandwidth = device.bytes_per_element, device.memory_bandwidth
-    gemm = sum(
+    return sum(
         max(flops * samples / tp / rate, (act * samples + weights) / tp * bpe / bandwidth)
-        for flops, act, weights in layer.matmuls
+        for flops, act, weights in matmuls
     )
-    moved = (layer.moved_elems_sharded / tp + layer.moved_elems_replicated) * samples
-    memory = moved * bpe / device.memory_bandwidth
-    return gemm + memory + (layer.matmul_ops + layer.memory_ops) * device.kernel_overhead_s
+
+
+def layer_forward_time(
+    layer: LayerProfile,
+    samples: float,
+    tp: int,
+    cluster: ClusterSpec,
+    *,
+    sequence_parallel: bool = False,
+) -> float:
+    """Roofline per matrix product (the slower of its FLOPs and its bytes), bytes for the
+    memory-bound rest, and a fixed cost per op; the attention core apart
+    (:func:`attention_time`)."""
+    device = cluster.device
+    gemm = _roofline(layer.matmuls, samples, tp, cluster)
+    replicated = layer.moved_elems_replicated / (tp if sequence_parallel else 1)
+    moved = (layer.moved_elems_sharded / tp + replicated) * samples
+    memory = moved * device.bytes_per_element / device.memory_bandwidth
+    ops = layer.matmul_ops - len(layer.attention_matmuls) + layer.memory_ops
+    return gemm + memory + ops * device.kernel_overhead_s
+
+
+def attention_time(
+    layer: LayerProfile, samples: float, plan: Plan, cluster: ClusterSpec, causal: bool
+) -> float:
+    """Seconds of the attention core for ``samples`` samples on one rank (heads split
+    over tp, queries over cp): forward, backward and any recompute of it."""
+    if not layer.attention_matmuls:
+        return 0.0
+    device, tp = cluster.device, plan.mesh.tp
+    # Selective recompute runs it again; full, in the layers that recompute.
+    again = 1.0 if plan.recompute is Recompute.SELECTIVE else plan.recomputed_fraction
+    if device.attention is AttentionKernel.FLASH:
+        rate = device.peak_flops * (device.attention_efficiency or device.gemm_efficiency)
+        flops = layer.attention_flops * samples / tp * (0.5 if causal else 1.0)
+        passes = 1 + FLASH_BACKWARD + again
+        return passes * (flops / rate + device.kernel_overhead_s)
+    moved = layer.attention_moved_elems * samples / tp * device.bytes_per_element
+    forward = (
+        _roofline(layer.attention_matmuls, samples, tp, cluster)
+        + moved / device.memory_bandwidth
+        + len(layer.attention_matmuls) * device.kernel_overhead_s
+    )
+    return (3 + again) * forward
 
 
 def tp_allreduces(layer: LayerProfile) -> int:
@@ -174,20 +252,35 @@ def layer_time(
     plan: Plan,
     cluster: ClusterSpec,
     style: TensorParallelStyle = TensorParallelStyle.REPLICATE,
+    causal: bool = True,
 ) -> tuple[float, float]:
-    """(compute, tp communication) seconds of one microbatch through ``layer``: forward,
-    backward and, with full recompute, the forward again. Under tensor parallelism a
-    split layer also pays the framework's cost per split module and pass."""
-    tp, b = plan.mesh.tp, plan.microbatch_size
-    passes = 3 + (plan.recompute is Recompute.FULL)
-    compute = passes * layer_forward_time(layer, b, tp, cluster)
+    """(compute, tp and cp communication) seconds of one microbatch through ``layer`` on
+    one rank: forward, backward and, with full recompute, the forward again. Under
+    tensor parallelism a split layer also pays the framework's cost per split module
+    and pass; under context parallelism each rank takes 1/cp of every sequence."""
+    tp, cp = plan.mesh.tp, plan.mesh.cp
+    samples = plan.microbatch_size / cp
+    passes = 3 + plan.recomputed_fraction
+    sp = plan.sequence_parallel and tp > 1
+    attention = attention_time(layer, samples, plan, cluster, causal)
+    compute = passes * layer_forward_time(layer, samples, tp, cluster, sequence_parallel=sp)
+    compute += attention
     if tp > 1 and style is not TensorParallelStyle.REPLICATE:
         split = layer.splittable_modules if style is TensorParallelStyle.MEGATRON else 1
         compute += passes * split * cluster.device.sharded_op_overhead_s
-    message = layer.output_elems * b * cluster.device.bytes_per_element
-    one = ring_time(message, plan.mesh, MeshAxis.TP, cluster, fraction=2)
-    comm_passes = 2 + (plan.recompute is Recompute.FULL)
-    return compute, tp_allreduces(layer) * comm_passes * one
+    bpe = cluster.device.bytes_per_element
+    # With sequence parallelism each all-reduce is a reduce-scatter plus an all-gather
+    # of the same volume: the same ring time.
+    one = ring_time(layer.output_elems * samples * bpe, plan.mesh, MeshAxis.TP, cluster, fraction=2)
+    comm_passes = 2 + plan.recomputed_fraction
+    comm = tp_allreduces(layer) * comm_passes * one
+    if cp > 1 and layer.attention_kv_elems:
+        # Forward passes keys and values on; backward passes them and their gradients.
+        chunk = layer.attention_kv_elems * samples / tp * bpe
+        step = ring_time(chunk * cp, plan.mesh, MeshAxis.CP, cluster, fraction=1)
+        kv_passes = 1 + 2 + (plan.recompute is Recompute.SELECTIVE) + plan.recomputed_fraction
+        comm += max(0.0, kv_passes * step - attention)
+    return compute, comm
 
 
 def rank_memory(
@@ -195,15 +288,34 @@ def rank_memory(
 ) -> MemoryBreakdown:
     """Memory of the pipeline rank that needs the most."""
     mesh, device = plan.mesh, cluster.device
-    bpe, b, tp = device.bytes_per_element, plan.microbatch_size, mesh.tp
+    bpe, b, tp = device.bytes_per_element, plan.microbatch_size / mesh.cp, mesh.tp
+    sp = tp if plan.sequence_parallel else 1
+    # Scores are stored only by the math path without selective recompute.
+    scores = device.attention is AttentionKernel.MATH and plan.recompute is not (
+        Recompute.SELECTIVE
+    )
+    saved = loads.saved_sharded / tp + loads.saved_replicated / sp
+    if scores:
+        saved = saved + loads.saved_attention / tp
+    activations = saved * b * bpe * in_flight
     if plan.recompute is Recompute.FULL:
-        # Each layer's input is kept; one layer's activations exist while it recomputes.
-        largest = (loads.layer_saved_sharded / tp + loads.layer_saved_replicated).max(axis=1)
-        activations = (loads.kept_inputs * in_flight + largest) * b * bpe
-    else:
-        activations = (loads.saved_sharded / tp + loads.saved_replicated) * b * bpe * in_flight
+        # A recomputing layer keeps its input; one layer's activations exist while it
+        # recomputes. The share 1 - f of layers that do not recompute keep theirs.
+        largest = (
+            loads.layer_saved_sharded / tp
+            + loads.layer_saved_replicated / sp
+            + (loads.layer_saved_attention / tp if scores else 0)
+        ).max(axis=1)
+        f = plan.recomputed_fraction
+        kept = (loads.kept_inputs / sp * in_flight + largest) * b * bpe
+        activations = f * kept + (1 - f) * activations
     zero3 = mesh.fsdp > 1 and plan.reshard_after_forward
-    per_param = bpe / (mesh.fsdp if zero3 else 1) + (bpe + OPTIMIZER_BYTES_PER_PARAM) / mesh.fsdp
+    optimizer_shards = mesh.fsdp * (mesh.dp * mesh.cp if plan.distributed_optimizer else 1)
+    per_param = (
+        bpe / (mesh.fsdp if zero3 else 1)
+        + bpe / mesh.fsdp
+        + OPTIMIZER_BYTES_PER_PARAM / optimizer_shards
+    )
     # Sharded weights and gradients exist whole for the layer at work: ZeRO-3 holds the
     # gathered weights of the current and the prefetched layer, and with any sharding
     # one layer's full gradient waits for its reduce-scatter.
@@ -215,7 +327,7 @@ def rank_memory(
     return MemoryBreakdown(
         weights_gib=(params * bpe / (mesh.fsdp if zero3 else 1) + float(working[rank])) / GIB,
         gradients_gib=params * bpe / mesh.fsdp / GIB,
-        optimizer_gib=params * OPTIMIZER_BYTES_PER_PARAM / mesh.fsdp / GIB,
+        optimizer_gib=params * OPTIMIZER_BYTES_PER_PARAM / optimizer_shards / GIB,
         activations_gib=float(activations[rank]) / GIB,
         reserved_gib=device.reserved_gib,
     )
@@ -241,9 +353,11 @@ class RankLoads:
     kept_inputs: np.ndarray  # [ranks]: each layer's input, kept under full recompute
     saved_sharded: np.ndarray  # [ranks]: elements saved for backward
     saved_replicated: np.ndarray
+    saved_attention: np.ndarray  # scores, stored by the math path only
     layer_params: np.ndarray  # [ranks, distinct layers], 0 where absent
     layer_saved_sharded: np.ndarray
     layer_saved_replicated: np.ndarray
+    layer_saved_attention: np.ndarray
 
 
 class CostModel:
@@ -253,28 +367,49 @@ class CostModel:
     def __init__(self, profile: ModelProfile, cluster: ClusterSpec) -> None:
         self.profile, self.cluster = profile, cluster
         self.forward_flops = profile.forward_flops
+        # Layers that cost the same (repeated blocks: all but the name) are costed once.
         index: dict[LayerProfile, int] = {}
         self.unique: list[LayerProfile] = []
         self.layer_index: list[int] = []
-        for layer in profile.layers:
-            if layer not in index:
-                index[layer] = len(self.unique)
-                self.unique.append(layer)
-            self.layer_index.append(index[layer])
         styles = tensor_parallel_styles(profile)
-        self.unique_styles = [styles[profile.layers.index(layer)] for layer in self.unique]
+        self.unique_styles: list[TensorParallelStyle] = []
+        for layer, style in zip(profile.layers, styles, strict=True):
+            costs = replace(layer, name="")
+            if (costs, style) not in index:
+                index[costs, style] = len(self.unique)
+                self.unique.append(layer)
+                self.unique_styles.append(style)
+            self.layer_index.append(index[costs, style])
         self._times: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._loads: dict[tuple, RankLoads] = {}
 
     def layer_times(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
-        key = (plan.microbatch_size, plan.mesh.tp, plan.recompute)
+        mesh = plan.mesh
+        key = (
+            plan.microbatch_size,
+            mesh.tp,
+            mesh.cp,
+            plan.recompute,
+            plan.recompute_every,
+            plan.sequence_parallel,
+        )
+        if mesh.cp > 1:  # the key-value ring's links depend on where the cp group lies
+            key += (group_span(mesh, MeshAxis.CP, self.cluster.devices_per_node),)
         if key not in self._times:
+            causal = self.profile.causal_attention
             pairs = [
-                layer_time(layer, plan, self.cluster, style)
+                layer_time(layer, plan, self.cluster, style, causal)
                 for layer, style in zip(self.unique, self.unique_styles, strict=True)
             ]
             self._times[key] = (np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
         return self._times[key]
+
+    def layer_weights(self, plan: Plan) -> list[float]:
+        """Each layer's (compute + communication) seconds under ``plan``, in layer order:
+        what pipeline stages balance."""
+        compute, comm = self.layer_times(plan)
+        per_unique = compute + comm
+        return [float(per_unique[i]) for i in self.layer_index]
 
     def rank_loads(self, stages: list[list[int]], pp: int) -> RankLoads:
         key = (pp, tuple(s[0] for s in stages), len(stages))
@@ -289,6 +424,7 @@ class CostModel:
             kept = column([x.output_elems for x in u])
             sharded = column([x.saved_elems_sharded for x in u])
             replicated = column([x.saved_elems_replicated for x in u])
+            attention = column([x.attention_saved_elems for x in u])
             present = counts > 0
             self._loads[key] = RankLoads(
                 counts=counts,
@@ -296,9 +432,11 @@ class CostModel:
                 kept_inputs=counts @ kept,
                 saved_sharded=counts @ sharded,
                 saved_replicated=counts @ replicated,
+                saved_attention=counts @ attention,
                 layer_params=present * params,
                 layer_saved_sharded=present * sharded,
                 layer_saved_replicated=present * replicated,
+                layer_saved_attention=present * attention,
             )
         return self._loads[key]
 
@@ -314,12 +452,12 @@ def _fsdp_framework_time(model: CostModel, plan: Plan, loads: RankLoads) -> floa
     runtime makes each block a unit, plus one for the rest of each stage, and uses FSDP
     whenever data parallelism meets sharding, tensor or pipeline parallelism."""
     mesh = plan.mesh
-    if mesh.data_replicas == 1 or (mesh.fsdp, mesh.tp, mesh.pp) == (1, 1, 1):
+    overhead = model.cluster.device.fsdp_unit_overhead_s
+    if overhead == 0 or mesh.data_replicas == 1 or (mesh.fsdp, mesh.tp, mesh.pp) == (1, 1, 1):
         return 0.0
     is_block = np.array([x.kind is LayerKind.BLOCK for x in model.unique], dtype=float)
     units = float((loads.counts @ is_block).max()) + plan.virtual_stages
-    passes = 3 + (plan.recompute is Recompute.FULL)
-    overhead = model.cluster.device.fsdp_unit_overhead_s
+    passes = 3 + plan.recomputed_fraction
     return units * passes * plan.num_microbatches * overhead
 
 
@@ -338,7 +476,7 @@ def _estimate(model: CostModel, plan: Plan, stages: list[list[int]]) -> Estimate
     p2p = 0.0
     if mesh.pp > 1:
         boundary = profile.layers[stages[0][-1]].output_elems * plan.microbatch_size * bpe
-        boundary /= mesh.tp
+        boundary /= mesh.tp * mesh.cp
         per_node, _ = group_span(mesh, MeshAxis.PP, cluster.devices_per_node)
         link = cluster.intra_node if per_node > 1 else cluster.inter_node
         bandwidth = link.bandwidth if per_node > 1 else link.bandwidth / cluster.devices_per_node
@@ -351,20 +489,28 @@ def _estimate(model: CostModel, plan: Plan, stages: list[list[int]]) -> Estimate
 
     stage_params = float(loads.params.max()) / mesh.tp
     grad_bytes = stage_params * bpe
-    # DDP all-reduces gradients in buckets of 25 MB; FSDP gathers and reduces per layer.
+    # DDP all-reduces gradients in buckets of 25 MB (over dp and cp, which hold the same
+    # weights); a distributed optimizer reduce-scatters them and all-gathers the updated
+    # weights; FSDP gathers and reduces per layer.
     buckets = max(1.0, grad_bytes / DDP_BUCKET_BYTES)
-    sync = buckets * ring_time(grad_bytes / buckets, mesh, MeshAxis.DP, cluster, fraction=2)
+    replicas: Axes = (MeshAxis.CP, MeshAxis.DP) if mesh.cp > 1 else MeshAxis.DP
+    if plan.distributed_optimizer:
+        bucket = 2 * ring_time(grad_bytes / buckets, mesh, replicas, cluster, fraction=1)
+    else:
+        bucket = ring_time(grad_bytes / buckets, mesh, replicas, cluster, fraction=2)
+    sync = buckets * bucket
     if mesh.fsdp > 1:
         units = float(loads.counts.sum(axis=1).max())
         gathers = 2 * m if plan.reshard_after_forward else 1  # forward + backward per microbatch
         one = units * ring_time(grad_bytes / units, mesh, MeshAxis.FSDP, cluster, fraction=1)
         sync += (1 + gathers) * one  # one reduce-scatter, then the all-gathers
-    passes = 3 + (plan.recompute is Recompute.FULL)
+    passes = 3 + plan.recomputed_fraction
     overlap = device.overlaps_communication
     last_backward = float(rank_compute_all[0]) * 2 / passes if overlap else 0.0
     exposed_sync = max(0.0, sync - last_backward) + _fsdp_framework_time(model, plan, loads)
     optimizer_bandwidth = device.optimizer_bandwidth or device.memory_bandwidth
-    optimizer = stage_params / mesh.fsdp * ADAM_STEP_BYTES_PER_PARAM / optimizer_bandwidth
+    shards = mesh.fsdp * (mesh.dp * mesh.cp if plan.distributed_optimizer else 1)
+    optimizer = stage_params / shards * ADAM_STEP_BYTES_PER_PARAM / optimizer_bandwidth
     time = TimeBreakdown(
         compute_s=m * rank_compute,
         tp_comm_s=m * rank_tp,

@@ -55,6 +55,38 @@ def explain(report: PlanReport) -> str:
     return "\n".join(lines)
 
 
+def trades(chosen: Candidate, other: Candidate, label: str = "the other plan") -> str:
+    """What ``chosen`` trades against ``other``: the plans, each time component and
+    memory part that differs by more than 1% of the step or 0.1 GiB, signed as
+    chosen minus other (e.g. ``grad sync +1.20 s``: the chosen plan spends more)."""
+    from unipar.plan.report import describe
+
+    a, b = chosen.estimate, other.estimate
+    step = max(a.step_time_s, b.step_time_s)
+    time = [
+        f"{name.removesuffix('_s').replace('_', ' ')} {value - vars(b.time)[name]:+.2f} s"
+        for name, value in vars(a.time).items()
+        if abs(value - vars(b.time)[name]) > 0.01 * step
+    ]
+    memory = [
+        f"{name.removesuffix('_gib')} {value - vars(b.memory)[name]:+.1f} GiB"
+        for name, value in vars(a.memory).items()
+        if abs(value - vars(b.memory)[name]) > 0.1
+    ]
+    faster = 1 - a.step_time_s / b.step_time_s
+    return "\n".join(
+        [
+            f"chosen {describe(chosen)}",
+            f"versus {label} {describe(other)}",
+            f"  step {a.step_time_s:.3f} s against {b.step_time_s:.3f} s "
+            f"({faster:+.1%} faster); memory {a.memory.total_gib:.1f} against "
+            f"{b.memory.total_gib:.1f} GiB per device",
+            "  time (chosen - other): " + (", ".join(time) or "the same"),
+            "  memory (chosen - other): " + (", ".join(memory) or "the same"),
+        ]
+    )
+
+
 def _count(n: float) -> str:
     for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:

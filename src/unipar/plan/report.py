@@ -33,7 +33,7 @@ class PlanReport:
         e, plan = c.estimate, c.plan
         devices = plan.mesh.world_size
         step = e.step_time_s
-        executed = e.model_flops * (4 / 3 if plan.recompute.value == "full" else 1)
+        executed = e.model_flops * (1 + plan.recomputed_fraction / 3)
         return {
             "step_time_s": step,
             "memory_gib_per_device": e.memory.total_gib,
@@ -51,11 +51,15 @@ class PlanReport:
                 "pp": plan.mesh.pp,
                 "dp": plan.mesh.dp,
                 "fsdp": plan.mesh.fsdp,
+                "cp": plan.mesh.cp,
+                "sequence_parallel": plan.sequence_parallel,
+                "distributed_optimizer": plan.distributed_optimizer,
                 "microbatch_size": plan.microbatch_size,
                 "num_microbatches": plan.num_microbatches,
                 "schedule": plan.schedule.value,
                 "virtual_stages": plan.virtual_stages,
                 "recompute": plan.recompute.value,
+                "recompute_every": plan.recompute_every,
                 "zero": _zero_level(self.best),
                 "stage_boundaries": list(plan.stage_boundaries),
             },
@@ -98,7 +102,7 @@ class PlanReport:
 def _zero_level(candidate: Candidate) -> int:
     mesh = candidate.plan.mesh
     if mesh.fsdp == 1:
-        return 0
+        return 1 if candidate.plan.distributed_optimizer else 0
     return 3 if candidate.plan.reshard_after_forward else 2
 
 
@@ -106,13 +110,18 @@ def describe(candidate: Candidate) -> str:
     plan = candidate.plan
     mesh = plan.mesh
     parts = [f"tp={mesh.tp}", f"pp={mesh.pp}", f"dp={mesh.dp}", f"fsdp={mesh.fsdp}"]
-    if mesh.fsdp > 1:
+    if mesh.cp > 1:
+        parts.append(f"cp={mesh.cp}")
+    if plan.sequence_parallel:
+        parts.append("sp")
+    if _zero_level(candidate):
         parts.append(f"zero={_zero_level(candidate)}")
     parts.append(f"mb={plan.microbatch_size}x{plan.num_microbatches}")
     if mesh.pp > 1:
         virtual = f"(v={plan.virtual_stages})" if plan.virtual_stages > 1 else ""
         parts.append(f"{plan.schedule.value}{virtual}")
-    parts.append(f"recompute={plan.recompute.value}")
+    every = f"(every {plan.recompute_every})" if plan.recompute_every > 1 else ""
+    parts.append(f"recompute={plan.recompute.value}{every}")
     return " ".join(parts)
 
 
@@ -143,6 +152,8 @@ def plan(
         tp_divisibility=model.tp_divisibility,
         loss=model.loss,
         target=model.target,
+        attention_seq=model.attention_seq,
+        causal_attention=model.causal_attention,
     )
     analysis_time = time.perf_counter() - started
     result = search(profile, cluster, global_batch_size, constraints or Constraints(), keep=keep)

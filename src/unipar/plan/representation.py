@@ -24,7 +24,12 @@ class PipelineSchedule(Enum):
 
 
 class Recompute(Enum):
+    """Activation recompute: none, every layer's forward again in backward (full), or
+    only the attention core, whose activations grow with the sequence squared
+    (selective; Korthikanti et al. 2022, Sec. 5)."""
+
     NONE = "none"
+    SELECTIVE = "selective"
     FULL = "full"
 
 
@@ -70,17 +75,23 @@ class MeshAxis(Enum):
     PP = "pp"
     DP = "dp"
     FSDP = "fsdp"
+    CP = "cp"
     TP = "tp"
 
 
 @dataclass(frozen=True)
 class Mesh:
-    """Sizes of the named mesh axes; their product is the number of workers."""
+    """Sizes of the named mesh axes; their product is the number of workers.
+
+    ``cp`` (context parallel) splits each sample's sequence over its ranks: ring
+    attention passes keys and values around them (Liu et al. 2023); they hold the same
+    weights, so their gradients are reduced together with the data-parallel ones."""
 
     pp: int = 1
     dp: int = 1
     fsdp: int = 1
     tp: int = 1
+    cp: int = 1
 
     def __post_init__(self) -> None:
         for axis in fields(self):
@@ -88,7 +99,7 @@ class Mesh:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.fsdp * self.tp
+        return self.pp * self.dp * self.fsdp * self.cp * self.tp
 
     def size(self, axis: MeshAxis) -> int:
         """The size of ``axis``."""
@@ -96,6 +107,7 @@ class Mesh:
             MeshAxis.PP: self.pp,
             MeshAxis.DP: self.dp,
             MeshAxis.FSDP: self.fsdp,
+            MeshAxis.CP: self.cp,
             MeshAxis.TP: self.tp,
         }[axis]
 
@@ -105,14 +117,16 @@ class Mesh:
         return self.dp * self.fsdp
 
     def coordinates(self, rank: int) -> MeshCoordinates:
-        """Where ``rank`` sits, with axes laid out (pp, dp, fsdp, tp) and tp innermost,
-        so tensor-parallel peers are neighbouring ranks (on one node)."""
+        """Where ``rank`` sits, with axes laid out (pp, dp, fsdp, cp, tp) and tp
+        innermost, so tensor-parallel peers are neighbouring ranks (on one node), then
+        context-parallel ones (Megatron-LM's order)."""
         if not 0 <= rank < self.world_size:
             raise ConfigError(f"rank must be in [0, {self.world_size}), but got {rank}")
         rest, tp = divmod(rank, self.tp)
+        rest, cp = divmod(rest, self.cp)
         rest, fsdp = divmod(rest, self.fsdp)
         pp, dp = divmod(rest, self.dp)
-        return MeshCoordinates(pp=pp, dp=dp, fsdp=fsdp, tp=tp)
+        return MeshCoordinates(pp=pp, dp=dp, fsdp=fsdp, tp=tp, cp=cp)
 
 
 @dataclass(frozen=True)
@@ -123,6 +137,7 @@ class MeshCoordinates:
     dp: int
     fsdp: int
     tp: int
+    cp: int = 0
 
 
 @dataclass(frozen=True)
@@ -136,7 +151,12 @@ class Plan:
     ``stage_boundaries`` are the first layer index of pipeline stages 1..S-1.
     ``layer_tp`` gives each layer's tensor-parallel style, in layer order (empty: all
     replicated); ``sequence_parallel`` also splits norms and dropout along the sequence
-    (Korthikanti et al. 2022).
+    (Korthikanti et al. 2022). ``distributed_optimizer`` shards the optimizer state over
+    the data-parallel ranks, which reduce-scatter gradients and all-gather the updated
+    weights (ZeRO-1, Rajbhandari et al. 2020; Megatron-LM's distributed optimizer).
+    ``recompute_every``: with full recompute, every n-th layer recomputes and the others
+    keep their activations (1: all layers; Megatron-LM's ``--recompute-num-layers``,
+    torchtitan's selective layer checkpointing).
     """
 
     mesh: Mesh = field(default_factory=Mesh)
@@ -150,9 +170,11 @@ class Plan:
     stage_boundaries: tuple[int, ...] = ()
     layer_tp: tuple[TensorParallelStyle, ...] = ()
     sequence_parallel: bool = False
+    distributed_optimizer: bool = False
+    recompute_every: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("microbatch_size", "num_microbatches", "virtual_stages"):
+        for name in ("microbatch_size", "num_microbatches", "virtual_stages", "recompute_every"):
             validate.integer(f"plan field {name}", getattr(self, name), minimum=1)
         stages = self.mesh.pp * self.virtual_stages
         bounds = self.stage_boundaries
@@ -168,6 +190,11 @@ class Plan:
                 f"and >= 1, but got {list(bounds)}; give {stages - 1} layer indices, or [] "
                 "to let the runtime balance the stages"
             )
+
+    @property
+    def recomputed_fraction(self) -> float:
+        """The share of layers whose forward runs again in backward (full recompute)."""
+        return 1 / self.recompute_every if self.recompute is Recompute.FULL else 0.0
 
     @property
     def global_batch_size(self) -> int:

@@ -1,9 +1,14 @@
 """Search the unified space for the fastest plan that fits.
 
 Enumerates mesh factorisations (tp within a node, dividing what tensor parallelism must
-divide) x data-parallel flavour (all-reduce, ZeRO-2, ZeRO-3) x micro-batch size x pipeline
-schedule x recompute. Layers are split into pipeline stages by dynamic programming that
-minimises the slowest stage (the inter-operator pass of Alpa, Zheng et al. 2022, Sec. 5).
+divide; cp dividing the sequence) x data-parallel flavour (all-reduce, distributed
+optimizer/ZeRO-1, ZeRO-2, ZeRO-3) x micro-batch size, and so the number of micro-batches
+x pipeline schedule with its interleaving depth x recompute (none, selective, full);
+sequence parallelism goes with every tp > 1 (it saves memory and time at the same
+communication volume). ``Constraints.runtime_only`` leaves out what the runtime cannot
+apply yet (:mod:`unipar.plan.runtime_support`). Layers are split into pipeline stages
+by dynamic programming that minimises the slowest stage (the inter-operator pass of
+Alpa, Zheng et al. 2022, Sec. 5).
 """
 
 from __future__ import annotations
@@ -16,23 +21,43 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from unipar.analysis.profile import LayerKind, ModelProfile
-from unipar.cluster.spec import ClusterSpec
+from unipar.cluster.spec import AttentionKernel, ClusterSpec
 from unipar.errors import ConfigError
-from unipar.plan.cost import CostModel, Estimate, layer_time, tensor_parallel_styles
+from unipar.plan.cost import CostModel, Estimate, tensor_parallel_styles
 from unipar.plan.representation import Mesh, PipelineSchedule, Plan, Recompute
+from unipar.plan.runtime_support import RUNTIME_LACKS, Feature
+
+VIRTUAL_STAGES = (2, 3, 4, 6, 8)  # interleaving depths tried
+RECOMPUTE_EVERY = (4, 2, 1)  # full recompute of every n-th layer, fewest layers first
+MAX_CP = 32
+# Context parallelism is tried down to this many tokens per rank: below it a ring
+# step's attention (which grows with the chunk squared) no longer hides the exchange
+# of keys and values (which grows with the chunk), and data parallelism does better.
+MIN_CP_CHUNK = 2048
 
 
 @dataclass(frozen=True)
 class Constraints:
-    """Choices pinned by the user (``None``: searched)."""
+    """Choices pinned by the user (``None``: searched). ``runtime_only``: only plans the
+    runtime applies today (live planning for ``fit``); ``unipar plan`` for GPU clusters
+    searches everything."""
 
     tp: int | None = None
     pp: int | None = None
     dp: int | None = None
     fsdp: int | None = None
+    cp: int | None = None
     microbatch_size: int | None = None
     schedule: PipelineSchedule | None = None
+    virtual_stages: int | None = None
     recompute: Recompute | None = None
+    recompute_every: int | None = None
+    sequence_parallel: bool | None = None
+    distributed_optimizer: bool | None = None
+    runtime_only: bool = False
+
+    def allows(self, feature: Feature) -> bool:
+        return not (self.runtime_only and feature in RUNTIME_LACKS)
 
 
 @dataclass(frozen=True)
@@ -100,13 +125,31 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def context_parallel_sizes(profile: ModelProfile, fixed: Constraints) -> list[int]:
+    """cp sizes worth trying: 1, and powers of two up to :data:`MAX_CP` whose load-balanced
+    ring (2 x cp chunks per sequence) divides the sequence of a model with attention,
+    leaving each rank at least :data:`MIN_CP_CHUNK` tokens."""
+    if fixed.cp is not None:
+        return [fixed.cp]
+    seq = profile.attention_seq
+    if not fixed.allows(Feature.CONTEXT_PARALLEL) or not seq or not profile.has_attention:
+        return [1]
+    return [
+        c
+        for c in (1, 2, 4, 8, 16, MAX_CP)
+        if c == 1 or (seq % (2 * c) == 0 and seq // c >= MIN_CP_CHUNK)
+    ]
+
+
 def _meshes(
     profile: ModelProfile, cluster: ClusterSpec, batch: int, fixed: Constraints
-) -> Iterator[tuple[Mesh, bool]]:
+) -> Iterator[tuple[Mesh, bool, bool]]:
+    """(mesh, reshard after forward, distributed optimizer) of every candidate."""
     devices = cluster.num_devices
     pinned = [fixed.tp, fixed.pp, fixed.dp, fixed.fsdp]
     if all(v is not None for v in pinned):
-        devices = fixed.tp * fixed.pp * fixed.dp * fixed.fsdp  # type: ignore[operator]
+        devices = fixed.tp * fixed.pp * fixed.dp * fixed.fsdp * (fixed.cp or 1)  # type: ignore[operator]
+    cps = context_parallel_sizes(profile, fixed)
     for tp in _divisors(cluster.devices_per_node):
         if fixed.tp not in (None, tp) or devices % tp:
             continue
@@ -115,21 +158,32 @@ def _meshes(
         for pp in _divisors(devices // tp):
             if fixed.pp not in (None, pp) or pp > max(1, profile.num_blocks):
                 continue
-            replicas = devices // (tp * pp)
-            if batch % replicas:
-                continue
-            for dp, fsdp, reshard in _data_parallel_flavours(replicas, fixed):
-                yield Mesh(pp=pp, dp=dp, fsdp=fsdp, tp=tp), reshard
+            for cp in cps:
+                if (devices // (tp * pp)) % cp:
+                    continue
+                replicas = devices // (tp * pp * cp)
+                if batch % replicas:
+                    continue
+                for dp, fsdp, reshard, zero1 in _data_parallel_flavours(replicas, cp, fixed):
+                    yield Mesh(pp=pp, dp=dp, fsdp=fsdp, tp=tp, cp=cp), reshard, zero1
 
 
-def _data_parallel_flavours(replicas: int, fixed: Constraints) -> list[tuple[int, int, bool]]:
-    options = [(replicas, 1, True)]
+def _data_parallel_flavours(
+    replicas: int, cp: int, fixed: Constraints
+) -> list[tuple[int, int, bool, bool]]:
+    """(dp, fsdp, reshard after forward, distributed optimizer): all-reduce, ZeRO-1
+    (over dp x cp), ZeRO-2, ZeRO-3."""
+    options = [(replicas, 1, True, False)]
+    if replicas * cp > 1 and fixed.allows(Feature.DISTRIBUTED_OPTIMIZER):
+        options.append((replicas, 1, True, True))
     if replicas > 1:
-        options += [(1, replicas, False), (1, replicas, True)]  # ZeRO-2, ZeRO-3
+        options += [(1, replicas, False, False), (1, replicas, True, False)]  # ZeRO-2, ZeRO-3
     return [
-        (dp, fsdp, reshard)
-        for dp, fsdp, reshard in options
-        if fixed.dp in (None, dp) and fixed.fsdp in (None, fsdp)
+        option
+        for option in options
+        if fixed.dp in (None, option[0])
+        and fixed.fsdp in (None, option[1])
+        and fixed.distributed_optimizer in (None, option[3])
     ]
 
 
@@ -142,11 +196,16 @@ def _schedules(mesh: Mesh, profile: ModelProfile, m: int, fixed: Constraints):  
             continue
         if schedule is PipelineSchedule.ONE_F_ONE_B and m < mesh.pp:
             continue  # 1F1B's warm-up needs a micro-batch per stage (as torch requires)
+        if schedule is PipelineSchedule.GPIPE and m >= mesh.pp and fixed.schedule is None:
+            continue  # 1F1B runs: the same time, and no more micro-batches in flight
         if schedule is not PipelineSchedule.INTERLEAVED_1F1B:
-            yield schedule, 1
+            if fixed.virtual_stages in (None, 1):
+                yield schedule, 1
             continue
-        for v in (2, 4):
+        for v in VIRTUAL_STAGES:
             # Megatron's interleaving needs m to be a multiple of pp.
+            if fixed.virtual_stages not in (None, v):
+                continue
             if mesh.pp * v <= profile.num_blocks and m % mesh.pp == 0:
                 yield schedule, v
 
@@ -168,15 +227,17 @@ def search(
     fitting: list[Candidate] = []
     over: list[Candidate] = []
     evaluated = 0
-    recomputes = [constraints.recompute] if constraints.recompute else list(Recompute)
-    for mesh, reshard in _meshes(profile, cluster, global_batch_size, constraints):
+    recomputes = _recomputes(profile, cluster, constraints)
+    for mesh, reshard, zero1 in _meshes(profile, cluster, global_batch_size, constraints):
+        sp = mesh.tp > 1 and constraints.sequence_parallel is not False
+        sp = sp and constraints.allows(Feature.SEQUENCE_PARALLEL)
         per_replica = global_batch_size // mesh.data_replicas
         for b in _divisors(per_replica):
             if constraints.microbatch_size not in (None, b):
                 continue
             m = per_replica // b
             for schedule, v in _schedules(mesh, profile, m, constraints):
-                for recompute in recomputes:
+                for recompute, every in recomputes:
                     plan = Plan(
                         mesh=mesh,
                         microbatch_size=b,
@@ -184,13 +245,16 @@ def search(
                         schedule=schedule,
                         virtual_stages=v,
                         recompute=recompute,
+                        recompute_every=every,
                         reshard_after_forward=reshard,
+                        sequence_parallel=sp,
+                        distributed_optimizer=zero1,
                     )
                     chunks = mesh.pp * v
-                    key = (chunks, mesh.tp, recompute)
+                    key = (chunks, mesh.tp, recompute, every)
                     if key not in partitions:
                         unit = replace(plan, microbatch_size=1)
-                        weights = [sum(layer_time(x, unit, cluster)) for x in profile.layers]
+                        weights = model.layer_weights(unit)
                         partitions[key] = stage_partition(profile, weights, chunks)
                     stages = partitions[key]
                     plan = replace(
@@ -201,6 +265,10 @@ def search(
                     result = model.estimate(plan, stages)
                     evaluated += 1
                     (fitting if result.fits else over).append(Candidate(plan, result))
+                    # The options after one that fits are slower: none before any
+                    # recompute; full recompute of fewer layers before more.
+                    if result.fits and recompute is not Recompute.SELECTIVE:
+                        break
     fitting.sort(key=lambda c: c.estimate.step_time_s)
     over.sort(key=lambda c: c.estimate.memory.total_gib)
     if not fitting:
@@ -212,6 +280,27 @@ def search(
         evaluated=evaluated,
         search_time_s=time.perf_counter() - started,
     )
+
+
+def _recomputes(
+    profile: ModelProfile, cluster: ClusterSpec, fixed: Constraints
+) -> list[tuple[Recompute, int]]:
+    """(recompute, every n-th layer) options worth costing, from the fastest: none;
+    selective only where attention stores scores (the math path; under a flash kernel
+    it saves nothing and costs a forward); full recompute of every 4th, 2nd, then
+    every layer."""
+    stores_scores = cluster.device.attention is AttentionKernel.MATH and profile.has_attention
+    options = [(Recompute.NONE, 1)]
+    if stores_scores and fixed.allows(Feature.SELECTIVE_RECOMPUTE):
+        options.append((Recompute.SELECTIVE, 1))
+    partial = fixed.allows(Feature.PARTIAL_RECOMPUTE) and profile.num_blocks > 1
+    options += [(Recompute.FULL, n) for n in RECOMPUTE_EVERY if partial or n == 1]
+    return [
+        (recompute, every)
+        for recompute, every in options
+        if fixed.recompute in (None, recompute)
+        and (recompute is not Recompute.FULL or fixed.recompute_every in (None, every))
+    ]
 
 
 def check_constraints(
@@ -240,7 +329,7 @@ def check_constraints(
             f"{max(1, profile.num_blocks)}, build the model from repeated blocks, or use dp, "
             "fsdp or tp"
         )
-    sizes = {"tp": fixed.tp, "pp": fixed.pp, "dp": fixed.dp, "fsdp": fixed.fsdp}
+    sizes = {"tp": fixed.tp, "pp": fixed.pp, "dp": fixed.dp, "fsdp": fixed.fsdp, "cp": fixed.cp}
     pinned = {k: v for k, v in sizes.items() if v is not None}
     used = 1
     for size in pinned.values():
@@ -252,7 +341,16 @@ def check_constraints(
             f"{cluster.num_devices} ({cluster.nodes} nodes x {cluster.devices_per_node}); "
             "use more nodes or smaller axes"
         )
-    if len(pinned) == 4 or (len(pinned) == 3 and "fsdp" not in pinned):
+    if fixed.cp is not None and fixed.cp > 1:
+        seq = profile.attention_seq
+        if not profile.has_attention or not seq or seq % (2 * fixed.cp):
+            raise ConfigError(
+                f"context parallelism splits each sequence into 2 x cp chunks over the "
+                f"ranks of a model's attention, but got cp={fixed.cp} for a model with "
+                f"sequence {seq} and{'' if profile.has_attention else ' no'} attention; "
+                "choose cp=1 or a cp for which 2 x cp divides the sequence"
+            )
+    if len(set(pinned) - {"cp"}) == 4 or (len(set(pinned) - {"cp"}) == 3 and "fsdp" not in pinned):
         replicas = (fixed.dp or 1) * (fixed.fsdp or 1)
         if batch % replicas:
             raise ConfigError(

@@ -1,0 +1,61 @@
+"""What the runtime can apply today: plan options the planner knows but the runtime
+does not run yet. Pure; ``fit`` refuses a plan for which :func:`unsupported_features`
+says anything, and live planning (:class:`~unipar.plan.Constraints` with
+``runtime_only``) never proposes one."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from unipar.plan.representation import Plan, Recompute
+
+
+class Feature(Enum):
+    """A plan option beyond data, sharded data, tensor and pipeline parallelism."""
+
+    CONTEXT_PARALLEL = "context parallelism (mesh.cp > 1)"
+    SEQUENCE_PARALLEL = "sequence parallelism (sequence_parallel=true)"
+    DISTRIBUTED_OPTIMIZER = "a distributed optimizer, ZeRO-1 (distributed_optimizer=true)"
+    SELECTIVE_RECOMPUTE = "selective recompute (recompute='selective')"
+    PARTIAL_RECOMPUTE = "full recompute of every n-th layer (recompute_every > 1)"
+
+
+# Options the runtime does not apply yet; an option leaves this set when the runtime
+# learns it (and its parity test lands).
+RUNTIME_LACKS: frozenset[Feature] = frozenset(Feature)
+
+_FIXES = {
+    Feature.CONTEXT_PARALLEL: "set mesh.cp to 1 (use tp, pp or fsdp for long sequences)",
+    Feature.SEQUENCE_PARALLEL: "set sequence_parallel to false",
+    Feature.DISTRIBUTED_OPTIMIZER: (
+        "set distributed_optimizer to false (mesh.fsdp > 1 shards optimizer state with ZeRO-2/3)"
+    ),
+    Feature.SELECTIVE_RECOMPUTE: "use recompute 'none' or 'full'",
+    Feature.PARTIAL_RECOMPUTE: "set recompute_every to 1 (every layer)",
+}
+
+
+def plan_features(plan: Plan) -> set[Feature]:
+    """The options beyond dp, fsdp, tp and pp that ``plan`` uses."""
+    used = set()
+    if plan.mesh.cp > 1:
+        used.add(Feature.CONTEXT_PARALLEL)
+    if plan.sequence_parallel:
+        used.add(Feature.SEQUENCE_PARALLEL)
+    if plan.distributed_optimizer:
+        used.add(Feature.DISTRIBUTED_OPTIMIZER)
+    if plan.recompute is Recompute.SELECTIVE:
+        used.add(Feature.SELECTIVE_RECOMPUTE)
+    if plan.recompute is Recompute.FULL and plan.recompute_every > 1:
+        used.add(Feature.PARTIAL_RECOMPUTE)
+    return used
+
+
+def unsupported_features(plan: Plan, lacking: frozenset[Feature] = RUNTIME_LACKS) -> list[str]:
+    """One message per option of ``plan`` the runtime cannot apply yet, naming the
+    option and the fix (empty: the runtime runs the plan)."""
+    return [
+        f"the runtime cannot apply {feature.value} yet; {_FIXES[feature]}, or plan for "
+        "the runtime (fit's strategy 'auto' plans only what it runs)"
+        for feature in sorted(plan_features(plan) & lacking, key=lambda f: f.name)
+    ]
