@@ -16,6 +16,10 @@ import numpy as np
 
 from unipar.errors import ConfigError
 
+# What RayDMatrix takes as data or a field: an array, a DataFrame or Series, a path or
+# list of paths, a Ray Dataset, or a column name (XGBoost-Ray's ``Data``).
+Data = Any
+
 FIELDS = ("label", "weight", "base_margin", "label_lower_bound", "label_upper_bound", "qid")
 
 
@@ -38,6 +42,7 @@ class Shard:
     pieces: Any = None  # ObjectRef of {"data": ..., field: ...}
     indices: Any = None  # ObjectRef of the row indices, for putting predictions back
     files: tuple[str, ...] = ()
+    file_indices: tuple[int, ...] = ()  # positions of ``files`` in the matrix's list
     dataset: Any = None
 
 
@@ -54,7 +59,8 @@ class RayDMatrix:
 
     ``data``: a numpy array, a pandas DataFrame, a CSV or Parquet path or list of paths, or
     a Ray Dataset. ``label``, ``weight``, ``base_margin``, ``qid`` and the label bounds are
-    arrays, or column names when ``data`` has columns. ``num_actors``, ``distributed`` and
+    arrays, or column names when ``data`` has columns; ``feature_weights``: one weight per
+    feature (for column sampling). ``num_actors``, ``distributed`` and
     ``lazy`` are accepted for compatibility with XGBoost-Ray and have no effect: the shards
     follow ``ray_params.num_actors`` and are always made when training starts.
     """
@@ -71,6 +77,7 @@ class RayDMatrix:
         feature_names: Sequence[str] | None = None,
         feature_types: Sequence[str] | None = None,
         qid: Any = None,
+        feature_weights: Any = None,
         enable_categorical: bool | None = None,
         num_actors: int | None = None,
         filetype: RayFileType | None = None,
@@ -89,6 +96,7 @@ class RayDMatrix:
             "qid": qid,
         }
         self.missing = missing
+        self.feature_weights = None if feature_weights is None else np.asarray(feature_weights)
         self.feature_names = list(feature_names) if feature_names is not None else None
         self.feature_types = list(feature_types) if feature_types is not None else None
         self.enable_categorical = enable_categorical
@@ -211,7 +219,10 @@ class RayDMatrix:
                     f"files); use at most {len(self.files)} actors or split the files"
                 )
             groups = _split(list(range(len(self.files))), n, self.sharding)
-            return [Shard(files=tuple(self.files[i] for i in group)) for group in groups]
+            return [
+                Shard(files=tuple(self.files[i] for i in group), file_indices=tuple(group))
+                for group in groups
+            ]
         if self.dataset is not None:
             # One block per actor, then split by blocks: every row trains (split's
             # equal=True would drop rows to even out the parts).
