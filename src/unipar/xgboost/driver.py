@@ -24,8 +24,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from xgboost.tracker import RabitTracker
 
 from unipar.errors import ConfigError
-from unipar.ray_session import ensure_ray, require_resources, reserve_bundles
+from unipar.ray_session import require_resources, reserve_bundles
 from unipar.xgboost.actor import XGBoostActor
+from unipar.xgboost.connect import attach_or_start_ray
 from unipar.xgboost.exceptions import (
     RayXGBoostActorAvailable,
     RayXGBoostTrainingError,
@@ -213,7 +214,7 @@ def train(
     reporters = [c for c in callbacks or [] if isinstance(c, TuneReportCallback)]
     callbacks = [c for c in callbacks or [] if not isinstance(c, TuneReportCallback)]
     started = time.perf_counter()
-    ensure_ray()
+    attach_or_start_ray()
     rp, planned, current = _resolve(ray_params, params)
     params = dict(params)
     if "nthread" not in params and "n_jobs" not in params:
@@ -532,7 +533,7 @@ def predict(
             + ("" if missing or extra else " (order differs)")
             + "; pass the columns the model was trained on, in the same order"
         )
-    ensure_ray()
+    attach_or_start_ray()
     rp, planned, current = _resolve(ray_params, {})
     _split_datasets([data], rp.num_actors)
     gang = _start_gang(rp, planned, current)
@@ -555,11 +556,10 @@ def _in_data_order(
     indices; files in the order they were given (an actor may hold files 0, 3, 6...)."""
     parts = [prediction for prediction, _ in outputs]
     if shards[0].indices is not None:
-        indices = ray.get([s.indices for s in shards])
-        total = sum(len(i) for i in indices)
+        total = sum(len(part) for part in parts)
         out = np.empty((total, *parts[0].shape[1:]), dtype=parts[0].dtype)
-        for index, part in zip(indices, parts, strict=True):
-            out[index] = part
+        for shard, part in zip(shards, parts, strict=True):
+            out[shard.indices] = part
         return out
     if data.files:
         by_file: dict[int, np.ndarray] = {}

@@ -40,7 +40,7 @@ class Shard:
     those rows in the whole), or files to read, or a dataset split."""
 
     pieces: Any = None  # ObjectRef of {"data": ..., field: ...}
-    indices: Any = None  # ObjectRef of the row indices, for putting predictions back
+    indices: slice | None = None  # the rows of the whole, for putting predictions back
     files: tuple[str, ...] = ()
     file_indices: tuple[int, ...] = ()  # positions of ``files`` in the matrix's list
     dataset: Any = None
@@ -235,12 +235,13 @@ class RayDMatrix:
         if "qid" in self.data:
             groups = _split_at_queries(np.asarray(self.data["qid"]), n)
         else:
-            groups = _split(list(range(rows)), n, self.sharding)
+            groups = _split_rows(rows, n, self.sharding)
+        # Slices, not index arrays: a piece is a view of the data, copied once, into the
+        # object store (one actor: the whole array, as it is), and read there zero-copy.
         shards = []
-        for indices in groups:
-            index = np.asarray(indices)
-            piece = {key: _take(value, index) for key, value in self.data.items()}
-            shards.append(Shard(pieces=ray.put(piece), indices=ray.put(index)))
+        for rows_slice in groups:
+            piece = {key: _take(value, rows_slice) for key, value in self.data.items()}
+            shards.append(Shard(pieces=ray.put(piece), indices=rows_slice))
         return shards
 
     def __repr__(self) -> str:
@@ -258,8 +259,15 @@ class RayDeviceQuantileDMatrix(RayDMatrix):
     quantile = True
 
 
-def _take(value: Any, index: np.ndarray) -> Any:
-    return value.iloc[index] if _is_frame(value) else value[index]
+def _take(value: Any, rows: slice) -> Any:
+    return value.iloc[rows] if _is_frame(value) else value[rows]
+
+
+def _split_rows(rows: int, n: int, mode: RayShardingMode) -> list[slice]:
+    if mode is RayShardingMode.INTERLEAVED:
+        return [slice(i, rows, n) for i in range(n)]
+    bounds = np.cumsum([0, *[len(p) for p in np.array_split(np.arange(rows), n)]])
+    return [slice(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
 
 def _split(items: list[int], n: int, mode: RayShardingMode) -> list[list[int]]:
@@ -268,7 +276,7 @@ def _split(items: list[int], n: int, mode: RayShardingMode) -> list[list[int]]:
     return [list(part) for part in np.array_split(np.asarray(items), n)]
 
 
-def _split_at_queries(qid: np.ndarray, n: int) -> list[list[int]]:
+def _split_at_queries(qid: np.ndarray, n: int) -> list[slice]:
     """Contiguous shards cut only where the query id changes, so that every query's rows
     stay on one actor (ranking objectives compare rows within a query)."""
     if np.any(np.diff(qid) < 0):
@@ -279,7 +287,7 @@ def _split_at_queries(qid: np.ndarray, n: int) -> list[list[int]]:
     ideal = [round(len(qid) * k / n) for k in range(1, n)]
     cuts = sorted({int(starts[np.abs(starts - point).argmin()]) for point in ideal})
     bounds = [0, *cuts, len(qid)]
-    return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
+    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def _filetype(path: str) -> RayFileType:
