@@ -132,6 +132,7 @@ def test_survival_labels_base_margin_weights_and_feature_weights(ray_cluster):
         xgboost_ray.RayDMatrix(x, lower, weight=weight, base_margin=margin, **bounds),
         10,
         ray_params=xgboost_ray.RayParams(num_actors=2, cpus_per_actor=1),
+        verbose_eval=True,  # an xgboost.train keyword, passed on
     )
     reference = xgb.train(
         params, xgb.DMatrix(x, lower, weight=weight, base_margin=margin, **bounds), 10

@@ -122,8 +122,7 @@ class XGBoostActor:
                     evals_result=log,
                     xgb_model=xgb.Booster(model_file=model) if model is not None else None,
                     callbacks=[*(callbacks or []), after_each_round],
-                    verbose_eval=False,
-                    **kwargs,
+                    **{"verbose_eval": False, **kwargs},  # xgboost prints on rank 0 only
                 )
         except Exception as error:  # reported to the driver, which names this actor
             return {

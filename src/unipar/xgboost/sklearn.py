@@ -1,8 +1,8 @@
 """scikit-learn estimators that train on Ray actors (XGBoost-Ray's names).
 
-``n_jobs`` sets the number of actors (default 2) unless ``ray_params`` is passed to
-``fit``; prediction runs in this process, or on actors when ``predict`` gets
-``ray_params``. Labels follow today's xgboost: classes are 0..n-1.
+``n_jobs`` sets the number of actors (unset: one per node, as ``RayParams()``) unless
+``ray_params`` is passed to ``fit``; prediction runs in this process, or on actors when
+``predict`` gets ``ray_params``. Labels follow today's xgboost: classes are 0..n-1.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class _RayFit:
         if ray_params is not None:
             return RayParams(**ray_params) if isinstance(ray_params, dict) else ray_params
         jobs = getattr(self, "n_jobs", None)
-        return RayParams(num_actors=jobs if jobs and jobs > 0 else 2)
+        return RayParams(num_actors=jobs if jobs and jobs > 0 else 0)
 
     def _ray_fit(
         self,
