@@ -111,3 +111,13 @@ def test_session_outside_an_actor():
         get_actor_rank()
     with pytest.raises(ConfigError, match="only inside a training actor"):
         put_queue(1)
+
+
+def test_unknown_train_keyword_fails_before_any_actor_starts():
+    import numpy as np
+
+    from unipar.xgboost import RayDMatrix, train
+
+    data = RayDMatrix(np.zeros((4, 2)), np.zeros(4))
+    with pytest.raises(TypeError, match=r"does not take: \['totally_invalid_kwarg'\]"):
+        train({}, data, 2, totally_invalid_kwarg="")

@@ -201,6 +201,7 @@ def train(
             "training needs labels, but dtrain has none; pass label=... to RayDMatrix (an "
             "array with one value per row, or the name of a label column)"
         )
+    _check_keywords(kwargs)
     evals = (
         [evals]
         if isinstance(evals, tuple) and len(evals) == 2 and isinstance(evals[1], str)
@@ -257,6 +258,19 @@ def train(
             callback_returns=outcome["callback_returns"],
         )
     return booster
+
+
+def _check_keywords(kwargs: dict[str, Any]) -> None:
+    """Keywords ``xgboost.train`` does not take fail here, before any actor starts."""
+    import inspect
+
+    known = set(inspect.signature(xgb.train).parameters)
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(
+            f"train() got keyword arguments that xgboost.train does not take: {unknown}; "
+            f"it takes {sorted(known)}"
+        )
 
 
 @dataclass
