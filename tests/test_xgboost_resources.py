@@ -121,3 +121,12 @@ def test_unknown_train_keyword_fails_before_any_actor_starts():
     data = RayDMatrix(np.zeros((4, 2)), np.zeros(4))
     with pytest.raises(TypeError, match=r"does not take: \['totally_invalid_kwarg'\]"):
         train({}, data, 2, totally_invalid_kwarg="")
+
+
+def test_feature_weights_need_one_weight_per_feature():
+    import numpy as np
+
+    from unipar.xgboost import RayDMatrix
+
+    with pytest.raises(ConfigError, match="data has 3 features and feature_weights has 2"):
+        RayDMatrix(np.zeros((4, 3)), np.zeros(4), feature_weights=[1, 2])

@@ -150,6 +150,12 @@ class RayDMatrix:
                         "without columns; pass the values as an array instead"
                     )
         rows = len(matrix)
+        weights = self.feature_weights
+        if weights is not None and len(weights) != matrix.shape[1]:
+            raise ConfigError(
+                f"feature_weights must have one weight per feature, but the data has "
+                f"{matrix.shape[1]} features and feature_weights has {len(weights)}"
+            )
         for name, value in self.fields.items():
             if value is None or isinstance(value, str):
                 continue
