@@ -116,7 +116,7 @@ class RayXGBRegressor(_RayFit, xgb.XGBRegressor):
         self, X: Any, output_margin: bool = False, *args: Any, ray_params: Any = None, **kwargs: Any
     ) -> np.ndarray:
         if ray_params is None:
-            return super().predict(X, output_margin, *args, **kwargs)
+            return super().predict(X, *args, output_margin=output_margin, **kwargs)
         return self._distributed_margin(X, ray_params, output_margin=output_margin)
 
 
@@ -152,7 +152,7 @@ class RayXGBClassifier(_RayFit, xgb.XGBClassifier):
         """Classes, or with ``output_margin`` the raw scores (one column per class for
         more than two classes), as ``xgboost.XGBClassifier.predict``."""
         if ray_params is None:
-            return super().predict(X, output_margin, *args, **kwargs)
+            return super().predict(X, *args, output_margin=output_margin, **kwargs)
         if output_margin:
             return self._distributed_margin(X, ray_params, output_margin=True)
         return self.predict_proba(X, ray_params=ray_params).argmax(axis=1)
