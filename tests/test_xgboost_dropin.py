@@ -39,14 +39,16 @@ class Report(xgb.callback.TrainingCallback):
 
 
 class Resources(xgboost_ray.DistributedCallback):
-    """Leaves a file per actor naming its rank and the CPUs Ray gave it."""
+    """Leaves a file per actor naming its rank, the CPUs Ray gave it, and the value of
+    the variable an EnvironmentCallback sets."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
 
     def before_train(self, actor):
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
-        Path(self.directory, f"actor{get_actor_rank()}-cpus{cpus:g}").touch()
+        env = os.environ.get("UNIPAR_TEST_VALUE")
+        Path(self.directory, f"actor{get_actor_rank()}-cpus{cpus:g}-{env}").touch()
 
 
 def test_session_queue_resources_and_verbose(ray_cluster, tmp_path, caplog):
@@ -61,7 +63,12 @@ def test_session_queue_resources_and_verbose(ray_cluster, tmp_path, caplog):
             additional_results=extra,
             callbacks=[Report(str(tmp_path))],
             ray_params=xgboost_ray.RayParams(
-                num_actors=2, verbose=True, distributed_callbacks=[Resources(str(tmp_path))]
+                num_actors=2,
+                verbose=True,
+                distributed_callbacks=[
+                    xgboost_ray.EnvironmentCallback({"UNIPAR_TEST_VALUE": "7"}),
+                    Resources(str(tmp_path)),
+                ],
             ),
         )
     info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
@@ -71,7 +78,7 @@ def test_session_queue_resources_and_verbose(ray_cluster, tmp_path, caplog):
     assert [[item["actor"] for item in r] for r in returns] == [[0], [1]]
     assert sorted(item["rabit"] for r in returns for item in r) == [0, 1]
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["actor0-cpus2", "actor1-cpus2", f"ran-in-{os.getpid()}"]
+    assert names == ["actor0-cpus2-7", "actor1-cpus2-7", f"ran-in-{os.getpid()}"]
     assert extra["total_n"] == len(x) and extra["training_time_s"] <= extra["total_time_s"]
 
     # the default: one actor (one node) with all 4 CPUs; quiet at INFO when verbose=False
@@ -89,7 +96,7 @@ def test_session_queue_resources_and_verbose(ray_cluster, tmp_path, caplog):
             ),
         )
     assert extra["num_actors"] == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["actor0-cpus4"]
+    assert [p.name for p in tmp_path.iterdir()] == ["actor0-cpus4-None"]
     messages = {r.levelno: r.getMessage() for r in caplog.records if "RayXGBoost" in r.getMessage()}
     assert logging.INFO not in messages and logging.DEBUG in messages
 
