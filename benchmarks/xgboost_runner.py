@@ -1,10 +1,13 @@
 """One side of xgboost_vs_peers.py, in a fresh process: ``xgboost_runner.py SIDE CASE``
-with SIDE in unipar, trainer, single and CASE in small, large. Makes the data first,
-then times everything from framework import to a trained booster (Ray start included),
+with SIDE in unipar (default actors: one per node, all its CPUs), unipar2 (2 actors),
+trainer (Ray Train's XGBoostTrainer, 2 workers), single (xgboost, all CPUs) and CASE in
+small, large. Makes the data first, then times everything from framework import to a
+trained booster (Ray's start, or joining the cluster named by RAY_ADDRESS, included),
 and prints ``RESULT seconds rounds`` (the actors' log lines share stdout)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -25,16 +28,21 @@ def make_data(rows: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def run_unipar(x, y, rounds):  # type: ignore[no-untyped-def]
+def run_unipar(x, y, rounds, num_actors=0):  # type: ignore[no-untyped-def]
     from unipar.xgboost import RayDMatrix, RayParams, train
 
-    return train(PARAMS, RayDMatrix(x, y), rounds, ray_params=RayParams(num_actors=2))
+    ray_params = RayParams(num_actors=num_actors)
+    return train(PARAMS, RayDMatrix(x, y), rounds, ray_params=ray_params)
+
+
+def run_unipar2(x, y, rounds):  # type: ignore[no-untyped-def]
+    return run_unipar(x, y, rounds, num_actors=2)
 
 
 def run_single(x, y, rounds):  # type: ignore[no-untyped-def]
     import xgboost as xgb
 
-    return xgb.train({**PARAMS, "nthread": 2}, xgb.DMatrix(x, y), rounds)
+    return xgb.train({**PARAMS, "nthread": os.cpu_count()}, xgb.DMatrix(x, y), rounds)
 
 
 def run_trainer(x, y, rounds):  # type: ignore[no-untyped-def]
@@ -65,13 +73,14 @@ def run_trainer(x, y, rounds):  # type: ignore[no-untyped-def]
     return RayTrainReportCallback.get_model(result.checkpoint)
 
 
+SIDES = {"unipar": run_unipar, "unipar2": run_unipar2, "single": run_single, "trainer": run_trainer}
+
+
 def main(side: str, case: str) -> None:
     rows, rounds = CASES[case]
     x, y = make_data(rows)
     started = time.perf_counter()
-    booster = {"unipar": run_unipar, "single": run_single, "trainer": run_trainer}[side](
-        x, y, rounds
-    )
+    booster = SIDES[side](x, y, rounds)
     print(f"RESULT {time.perf_counter() - started:.3f} {booster.num_boosted_rounds()}")
 
 

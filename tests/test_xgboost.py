@@ -111,6 +111,8 @@ def test_killed_actor(ray_cluster, synthetic, tmp_path, mode):
     )
     assert Path(marker).exists(), "the actor was never killed"
     assert extra["failures"] == 1
+    # restart mode replaces the actor once; elastic mode goes on without a restart
+    assert extra["restarts"] == (1 if mode == "restart" else 0)
     assert booster.num_boosted_rounds() == rounds
     ours = log_loss(y, booster.predict(xgb.DMatrix(x)))
     reference = log_loss(y, clean.predict(xgb.DMatrix(x)))
@@ -132,14 +134,22 @@ def test_files_are_read_by_their_actors(ray_cluster, cancer, tmp_path):
     parquet = RayDMatrix([str(p) for p in paths if p.suffix == ".parquet"], label="target")
     assert train(PARAMS, parquet, 10, ray_params=RayParams(num_actors=2)).num_boosted_rounds() == 10
     assert booster.feature_names == [f"f{i}" for i in range(x.shape[1])]
-    whole = pd.concat([pd.read_csv(p) for p in csv])
-    got = predict(
-        booster,
-        RayDMatrix([str(p) for p in csv], label="target"),
-        ray_params=RayParams(num_actors=2),
-    )
-    expected = booster.predict(xgb.DMatrix(whole.drop(columns="target")))
-    np.testing.assert_allclose(np.sort(got), np.sort(expected), rtol=1e-6)
+
+
+def test_predictions_over_files_keep_the_rows_order(ray_cluster, cancer, tmp_path):
+    """Five files over two actors (INTERLEAVED: files 0, 2, 4 and 1, 3): the predictions
+    come back in the order of the files' rows, not sorted, not grouped by actor."""
+    import pandas as pd
+
+    x, y = cancer
+    frame = pd.DataFrame(x, columns=[f"f{i}" for i in range(x.shape[1])]).assign(target=y)
+    paths = [str(tmp_path / f"part{i}.csv") for i in range(5)]
+    for path, rows in zip(paths, np.array_split(np.arange(len(frame)), 5), strict=True):
+        frame.iloc[rows].to_csv(path, index=False)
+    booster = xgb.train(PARAMS, xgb.DMatrix(frame.drop(columns="target"), y), 5)
+    got = predict(booster, RayDMatrix(paths, label="target"), ray_params=RayParams(num_actors=2))
+    expected = booster.predict(xgb.DMatrix(frame.drop(columns="target")))
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
 def test_label_missing_or_wrong_length(cancer):

@@ -11,20 +11,24 @@ from __future__ import annotations
 
 import os
 import threading
+import traceback
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from unipar.xgboost.lean_import import import_xgboost_core
-from unipar.xgboost.matrix import RayDMatrix, RayFileType, Shard
+from unipar.xgboost.matrix import FIELDS, RayDMatrix, RayFileType, Shard
+from unipar.xgboost.session import init_session
 
 if TYPE_CHECKING:
     import xgboost as xgb
 
 
 class XGBoostActor:
-    def __init__(self, callbacks: list[Any] | None = None) -> None:
+    def __init__(self, rank: int, callbacks: list[Any] | None = None) -> None:
         import_xgboost_core()
+        self.rank = rank
+        self.session = init_session(rank)
         self.loaded: dict[str, tuple[RayDMatrix, dict[str, Any]]] = {}
         self.callbacks = list(callbacks or [])
         self._lock = threading.Lock()
@@ -56,10 +60,12 @@ class XGBoostActor:
         with self._lock:
             self._rounds.append((rounds, values, model))
 
-    def drain_rounds(self) -> list[tuple[int, dict[str, float], bytes | None]]:
+    def drain(self) -> tuple[list[tuple[int, dict[str, float], bytes | None]], list[Any]]:
+        """The rounds recorded for Tune, and the items user code ``put_queue``-d, since
+        the last call."""
         with self._lock:
             rounds, self._rounds = self._rounds, []
-        return rounds
+        return rounds, self.session.drain()
 
     def checkpoint(self) -> tuple[int, bytes] | None:
         with self._lock:
@@ -116,11 +122,15 @@ class XGBoostActor:
                     evals_result=log,
                     xgb_model=xgb.Booster(model_file=model) if model is not None else None,
                     callbacks=[*(callbacks or []), after_each_round],
-                    verbose_eval=False,
-                    **kwargs,
+                    **{"verbose_eval": False, **kwargs},  # xgboost prints on rank 0 only
                 )
-        except xgb.core.XGBoostError as error:
-            return {"error": f"{type(error).__name__}: {str(error)[:500]}"}
+        except Exception as error:  # reported to the driver, which names this actor
+            return {
+                "error": f"{type(error).__name__}: {str(error)[:2000]}",
+                "traceback": traceback.format_exc(),
+                "collective": isinstance(error, xgb.core.XGBoostError),
+                "pid": os.getpid(),
+            }
         for callback in self.callbacks:
             callback.after_train(self, result)
         result.update(
@@ -133,16 +143,19 @@ class XGBoostActor:
 
     def predict(
         self, matrix: RayDMatrix, shard: Shard, model: bytes, kwargs: dict[str, Any]
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, list[int]]:
+        """Predictions on the shard, and the rows of each of its files (none for
+        in-memory data)."""
         import xgboost as xgb
 
         booster = xgb.Booster(model_file=bytearray(model))
         for callback in self.callbacks:
             callback.before_predict(self)
-        prediction = booster.predict(to_dmatrix(matrix, read_shard(matrix, shard)), **kwargs)
+        parts = read_shard(matrix, shard)
+        prediction = booster.predict(to_dmatrix(matrix, parts), **kwargs)
         for callback in self.callbacks:
             callback.after_predict(self, prediction)
-        return prediction
+        return prediction, parts.get("file_rows", [])
 
 
 def read_shard(matrix: RayDMatrix, shard: Shard) -> dict[str, Any]:
@@ -153,16 +166,18 @@ def read_shard(matrix: RayDMatrix, shard: Shard) -> dict[str, Any]:
         return dict(ray.get(shard.pieces))
     import pandas as pd
 
+    file_rows: list[int] = []
     if shard.dataset is not None:
         frame = shard.dataset.to_pandas()
-    elif matrix.filetype is RayFileType.PARQUET:
-        frame = pd.concat([pd.read_parquet(path) for path in shard.files], ignore_index=True)
     else:
-        frame = pd.concat([pd.read_csv(path) for path in shard.files], ignore_index=True)
+        read = pd.read_parquet if matrix.filetype is RayFileType.PARQUET else pd.read_csv
+        frames = [read(path) for path in shard.files]
+        file_rows = [len(f) for f in frames]
+        frame = pd.concat(frames, ignore_index=True)
     frame = frame.drop(columns=[c for c in matrix.ignore if c in frame.columns])
     named = {k: v for k, v in matrix.fields.items() if isinstance(v, str)}
     values = {k: frame[v].to_numpy() for k, v in named.items()}
-    return {"data": frame.drop(columns=list(named.values())), **values}
+    return {"data": frame.drop(columns=list(named.values())), **values, "file_rows": file_rows}
 
 
 def to_dmatrix(
@@ -170,8 +185,8 @@ def to_dmatrix(
 ) -> xgb.DMatrix:
     import xgboost as xgb
 
-    parts = dict(parts)
-    data = parts.pop("data")
+    data = parts["data"]
+    fields = {k: v for k, v in parts.items() if k in FIELDS}
     quantile = getattr(matrix, "quantile", False)
     kind = xgb.QuantileDMatrix if quantile else xgb.DMatrix
     options: dict[str, Any] = {
@@ -181,6 +196,8 @@ def to_dmatrix(
     }
     if matrix.missing is not None:
         options["missing"] = matrix.missing
+    if matrix.feature_weights is not None:
+        options["feature_weights"] = matrix.feature_weights
     if quantile and isinstance(ref, xgb.QuantileDMatrix):
         options["ref"] = ref
-    return kind(data, **parts, **options)
+    return kind(data, **fields, **options)

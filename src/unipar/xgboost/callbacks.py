@@ -28,3 +28,15 @@ class DistributedCallback:
 
     def after_predict(self, actor: Any, predictions: Any) -> None:
         """After the actor predicted on its shard."""
+
+
+class EnvironmentCallback(DistributedCallback):
+    """Sets environment variables in every actor when it starts."""
+
+    def __init__(self, env_dict: dict[str, str]) -> None:
+        self.env_dict = dict(env_dict)
+
+    def on_init(self, actor: Any, *args: Any, **kwargs: Any) -> None:
+        import os
+
+        os.environ.update(self.env_dict)

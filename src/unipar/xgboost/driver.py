@@ -11,36 +11,53 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import ray
 import xgboost as xgb
 from ray.exceptions import RayActorError, RayTaskError
-from ray.util.placement_group import remove_placement_group
+from ray.util.placement_group import get_current_placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from xgboost.tracker import RabitTracker
 
-from unipar.errors import ConfigError, TrainingFailedError
-from unipar.ray_session import ensure_ray, require_resources, reserve_bundles
+from unipar.errors import ConfigError
+from unipar.ray_session import require_resources, reserve_bundles
 from unipar.xgboost.actor import XGBoostActor
+from unipar.xgboost.connect import attach_or_start_ray
+from unipar.xgboost.exceptions import (
+    RayXGBoostActorAvailable,
+    RayXGBoostTrainingError,
+    RayXGBoostTrainingStopped,
+)
 from unipar.xgboost.matrix import RayDMatrix
 from unipar.xgboost.params import RayParams
+from unipar.xgboost.resources import ActorResources, plan_actors, plan_in_bundles
 
 log = logging.getLogger("unipar.xgboost")
 
-
-class RayXGBoostTrainingError(TrainingFailedError):
-    """Training failed more often than the fault-tolerance settings allow."""
+__all__ = [  # XGBoost-Ray's ``main`` module names
+    "RayParams",
+    "RayXGBoostActorAvailable",
+    "RayXGBoostTrainingError",
+    "RayXGBoostTrainingStopped",
+    "predict",
+    "train",
+]
 
 
 @dataclass
 class _Gang:
-    """The live actors, by data shard index."""
+    """The live actors, by data shard index, in their placement group: their own, or the
+    caller's (a Ray Tune trial laid out by ``RayParams.get_tune_resources``), whose first
+    bundle is the caller's."""
 
     params: RayParams
     placement: Any
+    owned: bool
+    first_bundle: int = 0
     actors: dict[int, Any] = field(default_factory=dict)
     pending: dict[int, Any] = field(default_factory=dict)  # replacements still loading
     loading: dict[int, list[Any]] = field(default_factory=dict)  # their load refs
@@ -48,11 +65,11 @@ class _Gang:
     def spawn(self, shard: int) -> Any:
         options: dict[str, Any] = {
             "num_cpus": self.params.cpus_per_actor,
-            "num_gpus": max(0, self.params.gpus_per_actor),
+            "num_gpus": self.params.gpus_per_actor,
             "max_concurrency": 2,
             "max_restarts": 0,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                self.placement, placement_group_bundle_index=shard
+                self.placement, placement_group_bundle_index=shard + self.first_bundle
             ),
         }
         if self.params.resources_per_actor:
@@ -60,39 +77,91 @@ class _Gang:
         return (
             ray.remote(XGBoostActor)
             .options(**options)
-            .remote(list(self.params.distributed_callbacks or []))
+            .remote(shard, list(self.params.distributed_callbacks or []))
         )
 
+    def stop(self) -> None:
+        for actor in [*self.actors.values(), *self.pending.values()]:
+            ray.kill(actor, no_restart=True)
+        if self.owned:
+            remove_placement_group(self.placement)
 
-def _resolve(ray_params: RayParams | dict[str, Any] | None) -> RayParams:
+
+def in_tune_trial() -> bool:
+    try:
+        from ray.train._internal.session import get_session
+
+        return get_session() is not None
+    except ImportError:
+        return False
+
+
+def _resolve(
+    ray_params: RayParams | dict[str, Any] | None, params: dict[str, Any]
+) -> tuple[RayParams, ActorResources, Any]:
+    """The parameters with actor count and resources filled in from the cluster, the
+    placement strategy, and the caller's placement group when the actors go into it."""
     if ray_params is None:
         ray_params = RayParams()
     elif isinstance(ray_params, dict):
         ray_params = RayParams(**ray_params)
-    if ray_params.num_actors < 1:
+    elif not isinstance(ray_params, RayParams):
         raise ConfigError(
-            "set the number of training actors: ray_params=RayParams(num_actors=N), with N "
-            f">= 1 (got num_actors={ray_params.num_actors})"
+            f"ray_params must be a RayParams, a dict or None, but got {type(ray_params).__name__}"
         )
-    cpus = ray_params.cpus_per_actor or 1
-    gpus = ray_params.gpus_per_actor if ray_params.gpus_per_actor >= 0 else 0
-    require_resources({"CPU": cpus, "GPU": gpus}, ray_params.num_actors, "actor")
-    from dataclasses import replace
+    current = get_current_placement_group()
+    planned: ActorResources | None = None
+    if current is not None:
+        held = ray.get_runtime_context().get_assigned_resources()
+        planned = plan_in_bundles(ray_params, current.bundle_specs, any(held.values()))
+    if planned is None:
+        current = None
+        nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+        planned = plan_actors(ray_params, nodes, params)
+        require_resources(
+            {"CPU": planned.cpus_per_actor, "GPU": planned.gpus_per_actor},
+            planned.num_actors,
+            "actor",
+        )
+    verbose = ray_params.verbose if ray_params.verbose is not None else not in_tune_trial()
+    resolved = replace(
+        ray_params,
+        num_actors=planned.num_actors,
+        cpus_per_actor=planned.cpus_per_actor,
+        gpus_per_actor=planned.gpus_per_actor,
+        verbose=verbose,
+    )
+    return resolved, planned, current
 
-    return replace(ray_params, cpus_per_actor=cpus, gpus_per_actor=gpus)
 
-
-def _start_gang(ray_params: RayParams) -> _Gang:
-    bundle: dict[str, float] = {"CPU": ray_params.cpus_per_actor}
-    if ray_params.gpus_per_actor:
-        bundle["GPU"] = ray_params.gpus_per_actor
-    if ray_params.resources_per_actor:
-        bundle.update(ray_params.resources_per_actor)
-    strategy = ray_params.placement_options.get("strategy", "PACK")
-    placement = reserve_bundles(bundle, ray_params.num_actors, "actor", strategy=strategy)
-    gang = _Gang(ray_params, placement)
+def _start_gang(ray_params: RayParams, planned: ActorResources, current: Any) -> _Gang:
+    if current is not None:
+        gang = _Gang(ray_params, current, owned=False, first_bundle=planned.first_bundle)
+    else:
+        bundle: dict[str, float] = {"CPU": ray_params.cpus_per_actor}
+        if ray_params.gpus_per_actor:
+            bundle["GPU"] = ray_params.gpus_per_actor
+        if ray_params.resources_per_actor:
+            bundle.update(ray_params.resources_per_actor)
+        placement = reserve_bundles(
+            bundle, ray_params.num_actors, "actor", strategy=planned.strategy
+        )
+        gang = _Gang(ray_params, placement, owned=True)
     gang.actors = {i: gang.spawn(i) for i in range(ray_params.num_actors)}
     return gang
+
+
+def _split_datasets(matrices: list[RayDMatrix], n: int) -> None:
+    """Split Ray Datasets before the actors start: splitting runs Ray Data tasks, which
+    would wait forever once the actors hold every CPU."""
+    for matrix in matrices:
+        if matrix.dataset is not None:
+            matrix.shards(n)
+
+
+def _say(ray_params: RayParams) -> Callable[..., None]:
+    """XGBoost-Ray's ``verbose``: progress at INFO when verbose, else at DEBUG."""
+    return log.info if ray_params.verbose else log.debug
 
 
 def train(
@@ -104,12 +173,19 @@ def train(
     evals_result: dict[str, Any] | None = None,
     additional_results: dict[str, Any] | None = None,
     ray_params: RayParams | dict[str, Any] | None = None,
-    xgb_model: xgb.Booster | None = None,
+    xgb_model: xgb.Booster | str | bytes | bytearray | None = None,
     callbacks: list[Any] | None = None,
+    _remote: bool | None = None,
     **kwargs: Any,
 ) -> xgb.Booster:
-    """Train a booster on ``dtrain`` across ``ray_params.num_actors`` Ray actors; the same
-    arguments as ``xgboost.train`` plus ``ray_params``. Returns an ``xgboost.Booster``."""
+    """Train a booster on ``dtrain`` across Ray actors; the same arguments as
+    ``xgboost.train`` (``evals``, ``evals_result``, ``xgb_model``, ``callbacks``,
+    ``early_stopping_rounds``, ``verbose_eval``, ``obj``, ``custom_metric``, ...) plus
+    ``ray_params`` and ``additional_results`` (filled with ``total_n``,
+    ``training_time_s``, ``total_time_s``, ``failures``, ``restarts``, ``num_actors`` and
+    ``callback_returns``: per actor rank, what its callbacks ``put_queue``-d).
+    ``_remote`` (XGBoost-Ray's Ray Client switch) is accepted and has no effect.
+    Returns an ``xgboost.Booster``."""
     if args:
         raise ConfigError(
             "pass train's options by keyword (evals=..., ray_params=...), as xgboost.train "
@@ -125,7 +201,12 @@ def train(
             "training needs labels, but dtrain has none; pass label=... to RayDMatrix (an "
             "array with one value per row, or the name of a label column)"
         )
-    evals = list(evals)
+    _check_keywords(kwargs)
+    evals = (
+        [evals]
+        if isinstance(evals, tuple) and len(evals) == 2 and isinstance(evals[1], str)
+        else list(evals)
+    )
     for matrix, name in evals:
         if not isinstance(matrix, RayDMatrix):
             raise ConfigError(f"evals entry {name!r} must be a RayDMatrix")
@@ -134,32 +215,107 @@ def train(
     reporters = [c for c in callbacks or [] if isinstance(c, TuneReportCallback)]
     callbacks = [c for c in callbacks or [] if not isinstance(c, TuneReportCallback)]
     started = time.perf_counter()
-    ensure_ray()
-    rp = _resolve(ray_params)
-    params = {"nthread": int(rp.cpus_per_actor), **params}
+    attach_or_start_ray()
+    rp, planned, current = _resolve(ray_params, params)
+    params = dict(params)
+    if "nthread" not in params and "n_jobs" not in params:
+        params["nthread"] = int(rp.cpus_per_actor)
+    if isinstance(xgb_model, (str, bytes, bytearray)):
+        source = xgb_model if isinstance(xgb_model, str) else bytearray(xgb_model)
+        xgb_model = xgb.Booster(model_file=source)
     outcome = _train(
-        params, dtrain, num_boost_round, evals, rp, xgb_model, callbacks, kwargs, reporters
+        params,
+        dtrain,
+        num_boost_round,
+        evals,
+        rp,
+        (planned, current),
+        xgb_model,
+        callbacks,
+        kwargs,
+        reporters,
     )
     booster = xgb.Booster(model_file=bytearray(outcome["model"]))
+    total = time.perf_counter() - started
+    _say(rp)(
+        "[RayXGBoost] Finished XGBoost training on training data with total N=%d in %.2f "
+        "seconds (%.2f pure XGBoost training time).",
+        outcome["rows"],
+        total,
+        outcome["training_time_s"],
+    )
     if evals_result is not None:
         evals_result.clear()
         evals_result.update(outcome["evals_result"])
     if additional_results is not None:
         additional_results.update(
-            training_time_s=time.perf_counter() - started,
+            training_time_s=outcome["training_time_s"],
+            total_time_s=total,
             total_n=outcome["rows"],
             failures=outcome["failures"],
             restarts=outcome["restarts"],
             num_actors=outcome["num_actors"],
+            callback_returns=outcome["callback_returns"],
         )
     return booster
 
 
+def _check_keywords(kwargs: dict[str, Any]) -> None:
+    """Keywords ``xgboost.train`` does not take fail here, before any actor starts."""
+    import inspect
+
+    known = set(inspect.signature(xgb.train).parameters)
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(
+            f"train() got keyword arguments that xgboost.train does not take: {unknown}; "
+            f"it takes {sorted(known)}"
+        )
+
+
+@dataclass
+class _Queue:
+    """What the actors' callbacks ``put_queue``-d: callables run here, on the driver;
+    anything else is kept per actor rank (``callback_returns``)."""
+
+    returns: list[list[Any]]
+
+    def take(self, items: list[tuple[int, Any]]) -> None:
+        for rank, item in items:
+            if callable(item):
+                item()
+            else:
+                self.returns[rank].append(item)
+
+
+def _actor_failure(results: dict[int, Any]) -> RayXGBoostTrainingError:
+    """The error of the actor where training failed first: one that raised something
+    else than a collective error (its peers then fail in the collective)."""
+    failed = {i: r for i, r in results.items() if "error" in r}
+    rank = next((i for i, r in failed.items() if not r["collective"]), min(failed))
+    result = failed[rank]
+    return RayXGBoostTrainingError(
+        f"training failed on actor {rank} (pid {result['pid']}): {result['error']}\n"
+        f"--- traceback of actor {rank} ---\n{result['traceback']}",
+        actor_rank=rank,
+        remote_traceback=result["traceback"],
+    )
+
+
 def _train(
-    params, dtrain, rounds, evals, rp, xgb_model, callbacks, kwargs, reporters
+    params, dtrain, rounds, evals, rp, placement, xgb_model, callbacks, kwargs, reporters
 ) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     n = rp.num_actors
-    gang = _start_gang(rp)
+    say = _say(rp)
+    _split_datasets([dtrain, *[m for m, _ in evals]], n)
+    gang = _start_gang(rp, *placement)
+    say(
+        "[RayXGBoost] Created %d new actors (%d total actors). Waiting until actors are "
+        "ready for training.",
+        n,
+        n,
+    )
+    queue = _Queue([[] for _ in range(n)])
     try:
         by_shard = [gang.actors[i] for i in range(n)]
         shards = dtrain.shards(n, by_shard)
@@ -171,8 +327,13 @@ def _train(
             return refs
 
         loading = [load_refs(i, a) for i, a in gang.actors.items()]
-        rows = sum(ray.get([refs[0] for refs in loading]))
-        ray.get([ref for refs in loading for ref in refs[1:]])
+        try:
+            rows = sum(ray.get([refs[0] for refs in loading]))
+            ray.get([ref for refs in loading for ref in refs[1:]])
+        except RayTaskError as error:
+            raise RayXGBoostTrainingError(
+                f"an actor failed while loading its data: {error}"
+            ) from error
         start: tuple[int, bytes] | None = None
         if xgb_model is not None:
             start = (xgb_model.num_boosted_rounds(), bytes(xgb_model.save_raw("ubj")))
@@ -181,6 +342,8 @@ def _train(
         relay = _TuneRelay(reporters, target) if reporters else None
         history: dict[str, Any] = {}
         failures = restarts = lost = 0
+        training_started = time.perf_counter()
+        say("[RayXGBoost] Starting XGBoost training.")
         while True:
             live = dict(gang.actors)
             tracker = RabitTracker(n_workers=len(live), host_ip=ray.util.get_node_ip_address())
@@ -201,19 +364,18 @@ def _train(
                 )
                 for i, actor in live.items()
             }
-            results, dead = _wait(refs, gang, relay)
+            results, dead = _wait(refs, gang, queue, relay)
             try:
                 tracker.free()
             except xgb.core.XGBoostError:
                 if not dead:  # the tracker only fails on its own when a worker vanished
                     raise
-            if not dead and all("error" not in r for r in results.values()):
+            if not dead and any("error" in r for r in results.values()):
+                raise _actor_failure(results)
+            if not dead:
                 final = next(r for r in results.values() if r["model"] is not None)
                 if relay is not None and final["rounds"] == target:
-                    first = gang.actors[next(iter(refs))]
-                    relay.finish(first, final["rounds"], final["evals_result"], final["model"])
-                elif relay is not None:
-                    relay.poll(gang.actors[next(iter(refs))])
+                    relay.finish(final["rounds"], final["evals_result"], final["model"])
                 if final["rounds"] < target:  # stopped early to take replacements back
                     start = (final["rounds"], final["model"])
                     _merge(history, final["evals_result"], done_rounds - base_rounds)
@@ -226,10 +388,9 @@ def _train(
                     "failures": failures,
                     "restarts": restarts,
                     "num_actors": len(live),
+                    "training_time_s": time.perf_counter() - training_started,
+                    "callback_returns": queue.returns,
                 }
-            if not dead:
-                errors = [r["error"] for r in results.values() if "error" in r]
-                raise RayXGBoostTrainingError(f"training failed on the actors: {errors[0]}")
             failures += len(dead)
             for index in dead:
                 gang.actors.pop(index, None)
@@ -247,10 +408,11 @@ def _train(
                 log.warning("lost actors %s; continuing on %d", dead, len(gang.actors))
             else:
                 restarts += 1
-                if restarts > rp.max_actor_restarts:
+                if 0 <= rp.max_actor_restarts < restarts:
                     raise RayXGBoostTrainingError(
-                        f"actors failed {restarts} times, more than max_actor_restarts="
-                        f"{rp.max_actor_restarts}; raise it or use elastic_training"
+                        f"actors {dead} died; restarts: {restarts}, more than "
+                        f"max_actor_restarts={rp.max_actor_restarts}; raise it (-1: no limit) "
+                        "or use elastic_training"
                     )
                 for index in dead:
                     gang.actors[index] = gang.spawn(index)
@@ -259,9 +421,7 @@ def _train(
                     "replaced actors %s; resuming from round %d", dead, start[0] if start else 0
                 )
     finally:
-        for actor in [*gang.actors.values(), *gang.pending.values()]:
-            ray.kill(actor, no_restart=True)
-        remove_placement_group(gang.placement)
+        gang.stop()
 
 
 @dataclass
@@ -280,14 +440,7 @@ class _TuneRelay:
                     reporter.report(done, values, model)
                 self.reported = done
 
-    def poll(self, actor: Any) -> None:
-        try:
-            self.pass_on(ray.get(actor.drain_rounds.remote(), timeout=10))
-        except Exception:  # that actor died: its failure is handled by the caller
-            return
-
-    def finish(self, actor: Any, rounds: int, evals_result: dict[str, Any], model: bytes) -> None:
-        self.poll(actor)
+    def finish(self, rounds: int, evals_result: dict[str, Any], model: bytes) -> None:
         values = {f"{d}-{m}": v[-1] for d, ms in evals_result.items() for m, v in ms.items()}
         wants_model = any(r.checkpoint_every for r in self.reporters)
         for reporter in self.reporters:
@@ -295,13 +448,27 @@ class _TuneRelay:
         self.reported = rounds
 
 
+def _drain(actors: dict[int, Any], queue: _Queue, relay: _TuneRelay | None) -> None:
+    """Take what the actors recorded: their ``put_queue`` items, and (from the first
+    actor: all log the same global metrics) the rounds for Tune."""
+    refs = {i: actor.drain.remote() for i, actor in actors.items()}
+    for i, ref in refs.items():
+        try:
+            rounds, items = ray.get(ref, timeout=10)
+        except Exception:  # that actor died: its failure is handled by the caller
+            continue
+        queue.take(items)
+        if relay is not None and i == min(refs):
+            relay.pass_on(rounds)
+
+
 def _wait(
-    refs: dict[int, Any], gang: _Gang, relay: _TuneRelay | None = None
+    refs: dict[int, Any], gang: _Gang, queue: _Queue, relay: _TuneRelay | None = None
 ) -> tuple[dict[int, Any], list[int]]:
     """Results by shard, and the shards whose actor died. While training runs, takes
-    back replacements whose data finished loading (elastic training), and passes each
-    finished round to the Tune reporters (all actors log the same global metrics, so
-    one actor's log is drained)."""
+    back replacements whose data finished loading (elastic training), and every 0.5 s
+    drains the actors' queues. Returns early when an actor raised (not a collective
+    error): its peers may wait for it in the collective."""
     results: dict[int, Any] = {}
     dead: list[int] = []
     index_of = {ref: i for i, ref in refs.items()}
@@ -313,11 +480,16 @@ def _wait(
                 results[index_of[ref]] = ray.get(ref)
             except (RayActorError, RayTaskError) as error:
                 if isinstance(error, RayTaskError) and not isinstance(error.cause, RayActorError):
-                    raise
+                    raise RayXGBoostTrainingError(
+                        f"training failed on actor {index_of[ref]}: {error}",
+                        actor_rank=index_of[ref],
+                    ) from error
                 dead.append(index_of[ref])
+        if any("error" in r and not r["collective"] for r in results.values()):
+            break
         _admit_loaded(gang)
-        if relay is not None and pending:
-            relay.poll(gang.actors[next(iter(refs))])
+        live = {i: gang.actors[i] for i in refs if i not in dead and i in gang.actors}
+        _drain(live, queue, relay)
     return results, dead
 
 
@@ -375,24 +547,39 @@ def predict(
             + ("" if missing or extra else " (order differs)")
             + "; pass the columns the model was trained on, in the same order"
         )
-    ensure_ray()
-    rp = _resolve(ray_params)
-    gang = _start_gang(rp)
+    attach_or_start_ray()
+    rp, planned, current = _resolve(ray_params, {})
+    _split_datasets([data], rp.num_actors)
+    gang = _start_gang(rp, planned, current)
     try:
         raw = bytes(model.save_raw("ubj"))
-        shards = data.shards(rp.num_actors, [gang.actors[i] for i in range(rp.num_actors)])
-        parts = ray.get(
+        n = rp.num_actors
+        shards = data.shards(n, [gang.actors[i] for i in range(n)])
+        outputs = ray.get(
             [actor.predict.remote(data, shards[i], raw, kwargs) for i, actor in gang.actors.items()]
         )
-        if shards[0].indices is not None:
-            indices = ray.get([s.indices for s in shards])
-            total = sum(len(i) for i in indices)
-            out = np.empty((total, *parts[0].shape[1:]), dtype=parts[0].dtype)
-            for index, part in zip(indices, parts, strict=True):
-                out[index] = part
-            return out
-        return np.concatenate(parts)
+        return _in_data_order(data, shards, outputs)
     finally:
-        for actor in gang.actors.values():
-            ray.kill(actor, no_restart=True)
-        remove_placement_group(gang.placement)
+        gang.stop()
+
+
+def _in_data_order(
+    data: RayDMatrix, shards: list[Any], outputs: list[tuple[np.ndarray, list[int]]]
+) -> np.ndarray:
+    """The actors' predictions put back in the rows' order: in-memory rows by their
+    indices; files in the order they were given (an actor may hold files 0, 3, 6...)."""
+    parts = [prediction for prediction, _ in outputs]
+    if shards[0].indices is not None:
+        total = sum(len(part) for part in parts)
+        out = np.empty((total, *parts[0].shape[1:]), dtype=parts[0].dtype)
+        for shard, part in zip(shards, parts, strict=True):
+            out[shard.indices] = part
+        return out
+    if data.files:
+        by_file: dict[int, np.ndarray] = {}
+        for shard, (prediction, file_rows) in zip(shards, outputs, strict=True):
+            bounds = np.cumsum([0, *file_rows])
+            for k, position in enumerate(shard.file_indices):
+                by_file[position] = prediction[bounds[k] : bounds[k + 1]]
+        return np.concatenate([by_file[k] for k in range(len(data.files))])
+    return np.concatenate(parts)

@@ -16,6 +16,10 @@ import numpy as np
 
 from unipar.errors import ConfigError
 
+# What RayDMatrix takes as data or a field: an array, a DataFrame or Series, a path or
+# list of paths, a Ray Dataset, or a column name (XGBoost-Ray's ``Data``).
+Data = Any
+
 FIELDS = ("label", "weight", "base_margin", "label_lower_bound", "label_upper_bound", "qid")
 
 
@@ -36,8 +40,9 @@ class Shard:
     those rows in the whole), or files to read, or a dataset split."""
 
     pieces: Any = None  # ObjectRef of {"data": ..., field: ...}
-    indices: Any = None  # ObjectRef of the row indices, for putting predictions back
+    indices: slice | None = None  # the rows of the whole, for putting predictions back
     files: tuple[str, ...] = ()
+    file_indices: tuple[int, ...] = ()  # positions of ``files`` in the matrix's list
     dataset: Any = None
 
 
@@ -54,7 +59,8 @@ class RayDMatrix:
 
     ``data``: a numpy array, a pandas DataFrame, a CSV or Parquet path or list of paths, or
     a Ray Dataset. ``label``, ``weight``, ``base_margin``, ``qid`` and the label bounds are
-    arrays, or column names when ``data`` has columns. ``num_actors``, ``distributed`` and
+    arrays, or column names when ``data`` has columns; ``feature_weights``: one weight per
+    feature (for column sampling). ``num_actors``, ``distributed`` and
     ``lazy`` are accepted for compatibility with XGBoost-Ray and have no effect: the shards
     follow ``ray_params.num_actors`` and are always made when training starts.
     """
@@ -71,6 +77,7 @@ class RayDMatrix:
         feature_names: Sequence[str] | None = None,
         feature_types: Sequence[str] | None = None,
         qid: Any = None,
+        feature_weights: Any = None,
         enable_categorical: bool | None = None,
         num_actors: int | None = None,
         filetype: RayFileType | None = None,
@@ -89,6 +96,7 @@ class RayDMatrix:
             "qid": qid,
         }
         self.missing = missing
+        self.feature_weights = None if feature_weights is None else np.asarray(feature_weights)
         self.feature_names = list(feature_names) if feature_names is not None else None
         self.feature_types = list(feature_types) if feature_types is not None else None
         self.enable_categorical = enable_categorical
@@ -142,6 +150,12 @@ class RayDMatrix:
                         "without columns; pass the values as an array instead"
                     )
         rows = len(matrix)
+        weights = self.feature_weights
+        if weights is not None and len(weights) != matrix.shape[1]:
+            raise ConfigError(
+                f"feature_weights must have one weight per feature, but the data has "
+                f"{matrix.shape[1]} features and feature_weights has {len(weights)}"
+            )
         for name, value in self.fields.items():
             if value is None or isinstance(value, str):
                 continue
@@ -211,7 +225,10 @@ class RayDMatrix:
                     f"files); use at most {len(self.files)} actors or split the files"
                 )
             groups = _split(list(range(len(self.files))), n, self.sharding)
-            return [Shard(files=tuple(self.files[i] for i in group)) for group in groups]
+            return [
+                Shard(files=tuple(self.files[i] for i in group), file_indices=tuple(group))
+                for group in groups
+            ]
         if self.dataset is not None:
             # One block per actor, then split by blocks: every row trains (split's
             # equal=True would drop rows to even out the parts).
@@ -224,12 +241,13 @@ class RayDMatrix:
         if "qid" in self.data:
             groups = _split_at_queries(np.asarray(self.data["qid"]), n)
         else:
-            groups = _split(list(range(rows)), n, self.sharding)
+            groups = _split_rows(rows, n, self.sharding)
+        # Slices, not index arrays: a piece is a view of the data, copied once, into the
+        # object store (one actor: the whole array, as it is), and read there zero-copy.
         shards = []
-        for indices in groups:
-            index = np.asarray(indices)
-            piece = {key: _take(value, index) for key, value in self.data.items()}
-            shards.append(Shard(pieces=ray.put(piece), indices=ray.put(index)))
+        for rows_slice in groups:
+            piece = {key: _take(value, rows_slice) for key, value in self.data.items()}
+            shards.append(Shard(pieces=ray.put(piece), indices=rows_slice))
         return shards
 
     def __repr__(self) -> str:
@@ -247,8 +265,15 @@ class RayDeviceQuantileDMatrix(RayDMatrix):
     quantile = True
 
 
-def _take(value: Any, index: np.ndarray) -> Any:
-    return value.iloc[index] if _is_frame(value) else value[index]
+def _take(value: Any, rows: slice) -> Any:
+    return value.iloc[rows] if _is_frame(value) else value[rows]
+
+
+def _split_rows(rows: int, n: int, mode: RayShardingMode) -> list[slice]:
+    if mode is RayShardingMode.INTERLEAVED:
+        return [slice(i, rows, n) for i in range(n)]
+    bounds = np.cumsum([0, *[len(p) for p in np.array_split(np.arange(rows), n)]])
+    return [slice(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
 
 def _split(items: list[int], n: int, mode: RayShardingMode) -> list[list[int]]:
@@ -257,7 +282,7 @@ def _split(items: list[int], n: int, mode: RayShardingMode) -> list[list[int]]:
     return [list(part) for part in np.array_split(np.asarray(items), n)]
 
 
-def _split_at_queries(qid: np.ndarray, n: int) -> list[list[int]]:
+def _split_at_queries(qid: np.ndarray, n: int) -> list[slice]:
     """Contiguous shards cut only where the query id changes, so that every query's rows
     stay on one actor (ranking objectives compare rows within a query)."""
     if np.any(np.diff(qid) < 0):
@@ -268,7 +293,7 @@ def _split_at_queries(qid: np.ndarray, n: int) -> list[list[int]]:
     ideal = [round(len(qid) * k / n) for k in range(1, n)]
     cuts = sorted({int(starts[np.abs(starts - point).argmin()]) for point in ideal})
     bounds = [0, *cuts, len(qid)]
-    return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
+    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def _filetype(path: str) -> RayFileType:

@@ -1,8 +1,8 @@
 """scikit-learn estimators that train on Ray actors (XGBoost-Ray's names).
 
-``n_jobs`` sets the number of actors (default 2) unless ``ray_params`` is passed to
-``fit``; prediction runs in this process, or on actors when ``predict`` gets
-``ray_params``. Labels follow today's xgboost: classes are 0..n-1.
+``n_jobs`` sets the number of actors (unset: one per node, as ``RayParams()``) unless
+``ray_params`` is passed to ``fit``; prediction runs in this process, or on actors when
+``predict`` gets ``ray_params``. Labels follow today's xgboost: classes are 0..n-1.
 """
 
 from __future__ import annotations
@@ -36,8 +36,11 @@ class _RayFit:
         sample_weight_eval_set: Any = None,
         xgb_model: Any = None,
         ray_params: Any = None,
+        _remote: bool | None = None,
+        ray_dmatrix_params: dict[str, Any] | None = None,
         **_: Any,
     ) -> Any:
+        self._dmatrix_params = dict(ray_dmatrix_params or {})  # more RayDMatrix arguments
         return self._ray_fit(
             X,
             y,
@@ -54,7 +57,7 @@ class _RayFit:
         if ray_params is not None:
             return RayParams(**ray_params) if isinstance(ray_params, dict) else ray_params
         jobs = getattr(self, "n_jobs", None)
-        return RayParams(num_actors=jobs if jobs and jobs > 0 else 2)
+        return RayParams(num_actors=jobs if jobs and jobs > 0 else 0)
 
     def _ray_fit(
         self,
@@ -72,7 +75,11 @@ class _RayFit:
         ray_params: Any = None,
     ) -> Any:
         params = {k: v for k, v in params.items() if k != "n_jobs"}  # n_jobs counts actors
-        options = {"missing": self.missing, "enable_categorical": self.enable_categorical}
+        options = {
+            "missing": self.missing,
+            "enable_categorical": self.enable_categorical,
+            **getattr(self, "_dmatrix_params", {}),
+        }
         dtrain = RayDMatrix(X, y, weight=sample_weight, base_margin=base_margin, qid=qid, **options)
         evals = []
         for i, (eval_x, eval_y) in enumerate(eval_set or []):
@@ -105,10 +112,12 @@ class _RayFit:
 
 
 class RayXGBRegressor(_RayFit, xgb.XGBRegressor):
-    def predict(self, X: Any, *args: Any, ray_params: Any = None, **kwargs: Any) -> np.ndarray:
+    def predict(
+        self, X: Any, output_margin: bool = False, *args: Any, ray_params: Any = None, **kwargs: Any
+    ) -> np.ndarray:
         if ray_params is None:
-            return super().predict(X, *args, **kwargs)
-        return self._distributed_margin(X, ray_params)
+            return super().predict(X, *args, output_margin=output_margin, **kwargs)
+        return self._distributed_margin(X, ray_params, output_margin=output_margin)
 
 
 class RayXGBClassifier(_RayFit, xgb.XGBClassifier):
@@ -137,9 +146,15 @@ class RayXGBClassifier(_RayFit, xgb.XGBClassifier):
         scores = self._distributed_margin(X, ray_params)
         return scores if scores.ndim == 2 else np.column_stack([1 - scores, scores])
 
-    def predict(self, X: Any, *args: Any, ray_params: Any = None, **kwargs: Any) -> np.ndarray:
+    def predict(
+        self, X: Any, output_margin: bool = False, *args: Any, ray_params: Any = None, **kwargs: Any
+    ) -> np.ndarray:
+        """Classes, or with ``output_margin`` the raw scores (one column per class for
+        more than two classes), as ``xgboost.XGBClassifier.predict``."""
         if ray_params is None:
-            return super().predict(X, *args, **kwargs)
+            return super().predict(X, *args, output_margin=output_margin, **kwargs)
+        if output_margin:
+            return self._distributed_margin(X, ray_params, output_margin=True)
         return self.predict_proba(X, ray_params=ray_params).argmax(axis=1)
 
 

@@ -1,0 +1,29 @@
+"""Join Ray as XGBoost-Ray's ``train`` does (``ray.init()``): the cluster named by
+``RAY_ADDRESS``, else one already running on this machine (``ray start --head``), else a
+new local one (which stays up until the process exits, so ``train`` then ``predict``
+start it once)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+
+from unipar.ray_session import start_ray
+
+
+def attach_or_start_ray() -> None:
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS")
+    if address and address != "local":
+        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        return
+    if not address:
+        try:  # a cluster started on this machine: attach, as ray.init() does
+            ray.init(address="auto", logging_level=logging.WARNING)
+            return
+        except ConnectionError:
+            pass
+    start_ray(None)
