@@ -209,7 +209,7 @@ JOB_FIELDS = [
     ({"optimizer": "adamw"}, "Job.optimizer must be callable"),
     ({"lr_schedule": "cosine"}, "Job.lr_schedule must be an LRSchedule"),
     ({"seed": -1}, "Job.seed must be >= 0"),
-    ({"seed": 2**32}, "Job.seed must be <= 4.29497e"),
+    ({"seed": 2**32}, "Job.seed must be <= 4294967295"),
     ({"name": "../escape"}, "Job.name must be 1-100 letters"),
     ({"name": ""}, "Job.name must be 1-100 letters"),
     ({"grad_clip_norm": 0.0}, "Job.grad_clip_norm must be > 0"),

@@ -29,7 +29,7 @@ _EXPORTS = {
     "Callback": "unipar.runtime",
     "FitResult": "unipar.runtime",
     "StepMetrics": "unipar.runtime",
-    "fit": "unipar.runtime",
+    "fit": "unipar.runtime.fit",
     "load_model_state": "unipar.runtime",
 }
 

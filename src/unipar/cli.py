@@ -25,10 +25,33 @@ if TYPE_CHECKING:
 def _train(args: argparse.Namespace) -> int:
     import ray
 
-    from unipar.ray_connect import check_cluster
     from unipar.ray_session import start_ray
 
-    # Every input is checked here, before Ray starts.
+    plan, options, config, address = _check_train_args(args)
+    # Ray's start is partly waiting on its own processes: load the job (importing torch)
+    # meanwhile. Ray stays on the main thread: its processes die with the thread that
+    # started them.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="unipar-load-job") as pool:
+        loading = pool.submit(load_job, args.target)
+        try:
+            start_ray(address, checked=True)
+            job = loading.result()
+        except BaseException:
+            ray.shutdown()
+            raise
+    try:
+        return _fit_and_report(job, plan, args, options, config)
+    finally:
+        ray.shutdown()
+
+
+def _check_train_args(
+    args: argparse.Namespace,
+) -> tuple[Plan | Strategy, dict[str, Any], RunConfig, str | None]:
+    """Every input of ``unipar train`` that can be checked before Ray starts: the plan,
+    the run options (and their config), and the cluster's address, probed."""
+    from unipar.ray_connect import check_cluster
+
     check_target(args.target)
     validate.check_address(args.address)
     if args.steps is not None:
@@ -45,21 +68,7 @@ def _train(args: argparse.Namespace) -> int:
     address = args.address
     if address and address != "local":
         address = check_cluster(address)  # within seconds, before anything starts
-    # Ray's start is partly waiting on its own processes: load the job (importing torch)
-    # meanwhile. Ray stays on the main thread: its processes die with the thread that
-    # started them.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="unipar-load-job") as pool:
-        loading = pool.submit(load_job, args.target)
-        try:
-            start_ray(address, checked=True)
-            job = loading.result()
-        except BaseException:
-            ray.shutdown()
-            raise
-    try:
-        return _fit_and_report(job, plan, args, options, config)
-    finally:
-        ray.shutdown()
+    return plan, options, config, address
 
 
 def run_options(args: argparse.Namespace) -> dict[str, Any]:

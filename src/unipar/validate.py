@@ -61,12 +61,16 @@ def number(
 def _within(name: str, value: float, minimum: float | None, maximum: float | None) -> None:
     if minimum is not None and value < minimum:
         raise ConfigError(
-            f"{name} must be >= {minimum:g}, but got {value!r}; pass {minimum:g} or more"
+            f"{name} must be >= {_show(minimum)}, but got {value!r}; pass {_show(minimum)} or more"
         )
     if maximum is not None and value > maximum:
         raise ConfigError(
-            f"{name} must be <= {maximum:g}, but got {value!r}; pass {maximum:g} or less"
+            f"{name} must be <= {_show(maximum)}, but got {value!r}; pass {_show(maximum)} or less"
         )
+
+
+def _show(bound: float) -> str:
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
 def boolean(name: str, value: Any) -> bool:
