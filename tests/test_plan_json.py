@@ -111,3 +111,24 @@ def test_mesh_coordinates_put_tp_innermost():
     assert len(seen) == 8
     assert [mesh.coordinates(r).tp for r in range(4)] == [0, 1, 0, 1]
     assert mesh.coordinates(5) == type(mesh.coordinates(0))(pp=1, dp=0, fsdp=0, tp=1)
+
+
+@pytest.mark.parametrize(
+    ("changes", "pattern"),
+    [
+        ({"sequence_parallel": True}, "sequence parallelism"),
+        ({"distributed_optimizer": True}, "distributed optimizer"),
+        ({"recompute": Recompute.SELECTIVE}, "selective recompute"),
+    ],
+)
+def test_fit_refuses_plans_the_runtime_cannot_apply(changes, pattern):
+    """Planned options the runtime lacks are refused before anything starts, not run as
+    something else."""
+    from dataclasses import replace
+
+    from unipar.validate import check_plan_for_run
+
+    runnable = Plan.data_parallel(2, 8)
+    check_plan_for_run(runnable, 2, 8)
+    with pytest.raises(ConfigError, match=pattern):
+        check_plan_for_run(replace(runnable, **changes), 2, 8)

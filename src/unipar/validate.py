@@ -282,7 +282,7 @@ def check_plan_for_run(plan: Any, workers: int, global_batch_size: int | None = 
     if mesh.world_size != workers:
         raise ConfigError(
             f"the plan's mesh needs {mesh.world_size} workers (pp={mesh.pp} x dp={mesh.dp} x "
-            f"fsdp={mesh.fsdp} x tp={mesh.tp}), but workers={workers}; pass workers="
+            f"fsdp={mesh.fsdp} x cp={mesh.cp} x tp={mesh.tp}), but workers={workers}; pass workers="
             f"{mesh.world_size} (--workers {mesh.world_size}) or a plan for {workers} workers"
         )
     if plan.grad_sync is GradSync.PARAMETER_SERVER:
@@ -290,6 +290,11 @@ def check_plan_for_run(plan: Any, workers: int, global_batch_size: int | None = 
             "grad_sync='parameter_server' is not supported yet (gradients are all-reduced); "
             "pass grad_sync='all_reduce' or leave it out"
         )
+    from unipar.plan.runtime_support import unsupported_features
+
+    lacking = unsupported_features(plan)
+    if lacking:
+        raise ConfigError("; ".join(lacking))
     if global_batch_size is not None and plan.global_batch_size != global_batch_size:
         raise ConfigError(
             f"the plan's global batch (microbatch_size={plan.microbatch_size} x "
