@@ -14,7 +14,10 @@ class RunConfig:
     """How to run a job. ``resume`` is ``False``, ``True`` (the newest checkpoint in
     ``checkpoint_dir``) or the path of a checkpoint or checkpoint directory."""
 
-    workers: int = 2
+    workers: int = 2  # the most workers (the number to start with when the cluster has room)
+    min_workers: int | None = None  # the fewest to train on (None: ``workers``, a fixed size)
+    elastic: bool = True  # live recovery and resizing; False: restart from disk on a loss
+    snapshot_every: int | None = None  # in-memory snapshots (None: 0 if replicated, else 5)
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
     run_dir: Path = Path("unipar_runs")
@@ -35,6 +38,20 @@ class RunConfig:
         rules = [
             (self.workers >= 1, f"workers must be >= 1, but got {self.workers}"),
             (
+                1 <= self.least_workers <= self.workers,
+                f"the least number of workers must be between 1 and the most, but got "
+                f"min={self.least_workers} and max={self.workers}; use e.g. workers=("
+                f"{min(max(1, self.least_workers), self.workers)}, {self.workers})",
+            ),
+            (
+                self.elastic or self.least_workers == self.workers,
+                f"a worker range ({self.least_workers}..{self.workers}) needs elastic=True",
+            ),
+            (
+                self.snapshot_every is None or self.snapshot_every >= 0,
+                f"snapshot_every must be >= 0 steps, but got {self.snapshot_every}",
+            ),
+            (
                 self.cpus_per_worker > 0 or self.gpus_per_worker > 0,
                 "a worker needs a CPU or a GPU, but got cpus_per_worker="
                 f"{self.cpus_per_worker}, gpus_per_worker={self.gpus_per_worker}",
@@ -52,6 +69,10 @@ class RunConfig:
         for holds, message in rules:
             if not holds:
                 raise ConfigError(message)
+
+    @property
+    def least_workers(self) -> int:
+        return self.workers if self.min_workers is None else self.min_workers
 
     @property
     def checkpoints(self) -> Path:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import ray
 import torch.distributed as dist
@@ -46,6 +47,10 @@ class Callback:
 
     def on_failure(self, failure: WorkerLost, attempt: int) -> None:
         """Called after a worker was lost, before the gang restarts (or gives up)."""
+
+    def on_resize(self, event: Any) -> None:
+        """Called when an elastic gang re-formed with another number of workers
+        (a :class:`~unipar.runtime.elastic.ResizeEvent`)."""
 
 
 class WorkerLost(Exception):

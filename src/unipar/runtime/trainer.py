@@ -37,6 +37,7 @@ class StepReport:
     seconds: float
     lr: float
     finished_at: float  # wall clock (time.time()) when the step ended on this worker
+    sample_ids: tuple[int, ...] = ()  # dataset indices this rank counted in ``samples``
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,12 @@ class Trainer:
         world_size: int,
         device: torch.device,
         checkpoints: CheckpointPolicy,
+        dataset: object = None,
     ) -> None:
+        """``dataset``: the job's dataset if this process built it already (a worker
+        re-formed into a new gang keeps it)."""
         self.job, self.plan = job, plan
+        self.dataset = dataset
         self.rank, self.world_size = rank, world_size
         self.device = device
         self.checkpoints = checkpoints
@@ -79,7 +84,8 @@ class Trainer:
     def setup(self, resume_from: Path | None) -> int:
         """Build model, optimizer and data; load ``resume_from``. Returns the first step."""
         job = self.job
-        self.dataset = _call_user("dataset factory", job.dataset)
+        if self.dataset is None:
+            self.dataset = _call_user("dataset factory", job.dataset)
         self.model = parallelize(
             self._build_model,
             self.plan,
@@ -153,7 +159,8 @@ class Trainer:
         for optimizer in self.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        samples = sum(len(i) for i in indices) if model.counts_samples else 0
+        counted = torch.cat(indices).tolist() if model.counts_samples and indices else []
+        samples = len(counted)
         return StepReport(
             step=step,
             rank=self.rank,
@@ -163,7 +170,13 @@ class Trainer:
             seconds=time.perf_counter() - started,
             lr=lr,
             finished_at=time.time(),
+            sample_ids=tuple(counted),
         )
+
+    def drop_step(self) -> None:
+        """Forget the gradients of a step that failed part-way (a peer was lost)."""
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
 
     @staticmethod
     def _tokens_per_sample(micro: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
