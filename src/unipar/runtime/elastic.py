@@ -369,17 +369,17 @@ class ElasticController:
     def _state_source(self, members: list[Member], end: _End, plan: Plan) -> _Source:
         ends = {s.member.pid: s.result for s in end.streams}
         if not end.dead:
-            paused = [e for e in ends.values() if isinstance(e, Paused)]
-            step = paused[0].step
-            assert self._snapshot is not None and self._snapshot[0] == step
-            return self._from_snapshot()
+            step = next(e.step for e in ends.values() if isinstance(e, Paused))
+            if self._snapshot is not None and self._snapshot[0] == step:
+                return self._from_snapshot()
+            return _Source(0, resume_from=self.resume_from)  # paused before the first step
         survivors = [m for m in members if m not in end.dead]
         committed = {
             m.pid: ends[m.pid].committed
             for m in survivors
             if isinstance(ends.get(m.pid), Interrupted)
         }
-        if replicated(plan) and committed:
+        if replicated(plan) and any(committed.values()):
             best = max(survivors, key=lambda m: committed.get(m.pid, -1))
             try:
                 part = ray.get(best.actor.export_state.remote())

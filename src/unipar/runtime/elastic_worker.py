@@ -152,7 +152,12 @@ class ElasticWorker:
 
     def train(self, snapshot_every: int) -> Iterator[StepReport | SnapshotPart | StreamEnd]:
         """Train from the formed state (see module doc). ``snapshot_every`` > 0: an
-        in-memory snapshot at the first step and every that many steps."""
+        in-memory snapshot at the first step and every that many steps.
+
+        Nothing is snapshotted at step 0: the state there is the model built from the
+        job's seed, rebuilt identically by any gang (and DCP's ``get_state_dict`` would
+        initialise the empty optimizer state with a zero-learning-rate step, which
+        counts as a step for Adam's bias correction)."""
         trainer, signal = self._trainer(), self.signal
         assert signal is not None
         steps, every = self.job.steps, self.checkpoints.every
@@ -160,11 +165,12 @@ class ElasticWorker:
         final: Path | None = None
         try:
             try:
-                if snapshot_every:
+                if snapshot_every and step > 0:
                     yield self._snapshot(step)
                 while step < steps:
                     if signal.stop_before(step):
-                        yield self._snapshot(step)
+                        if step > 0:
+                            yield self._snapshot(step)
                         yield Paused(step)
                         return
                     try:
