@@ -76,14 +76,26 @@ def _train(args: argparse.Namespace) -> int:
         ray.shutdown()
 
 
+def _worker_range(text: str) -> int | tuple[int, int]:
+    """``4`` or ``2:8`` (the fewest and the most workers)."""
+    try:
+        if ":" in text:
+            least, most = text.split(":")
+            return int(least), int(most)
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--workers takes a number or a range MIN:MAX (like 2:8), not {text!r}"
+        ) from None
+
+
 def _fit_and_report(job: Job, plan: Plan | Strategy, args: argparse.Namespace) -> int:
     from unipar.runtime.fit import fit
 
     if args.steps is not None:
         job = dataclasses.replace(job, steps=args.steps)
-    print(
-        f"unipar: training {job.name} for {job.steps} steps on {args.workers} workers", flush=True
-    )
+    workers = args.workers if isinstance(args.workers, int) else "{}..{}".format(*args.workers)
+    print(f"unipar: training {job.name} for {job.steps} steps on {workers} workers", flush=True)
     result = fit(
         job,
         workers=args.workers,
@@ -126,7 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="gpt-stdlib",
         help="built-in recipe name or a .py file defining `job`",
     )
-    train.add_argument("--workers", type=int, default=2)
+    train.add_argument(
+        "--workers",
+        type=_worker_range,
+        default=2,
+        help="a number, or a range MIN:MAX to train elastically on as many as the cluster "
+        "gives (default 2)",
+    )
     train.add_argument(
         "--strategy",
         default="auto",

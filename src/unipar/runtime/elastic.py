@@ -84,6 +84,7 @@ class _Source:
     step: int
     snapshot: list[ray.ObjectRef] | None = None
     resume_from: Path | None = None
+    keep: frozenset[int] = frozenset()  # pids of survivors that hold the state already
 
 
 @dataclass
@@ -150,7 +151,7 @@ class ElasticController:
         config = self.config
         members: list[Member] = []
         try:
-            wanted = max(config.min_workers, min(config.workers, self.supervisor.room()))
+            wanted = max(config.least_workers, min(config.workers, self.supervisor.room()))
             members = self.supervisor.start(wanted, config.placement_timeout_s)
             members = self._at_least_min(members)
             source = _Source(step=0, resume_from=self.resume_from)
@@ -170,15 +171,15 @@ class ElasticController:
     def _at_least_min(self, members: list[Member]) -> list[Member]:
         """``members``, topped up to ``min_workers`` with new ones (waiting for room)."""
         config = self.config
-        missing = config.min_workers - len(members)
+        missing = config.least_workers - len(members)
         if missing > 0:
             members = members + self.supervisor.start(missing, config.placement_timeout_s)
-        if len(members) < config.min_workers:
+        if len(members) < config.least_workers:
             self.supervisor.kill(members)
             raise ResourceError(
                 f"only {len(members)} workers could be started within "
                 f"{config.placement_timeout_s:g} s, fewer than min_workers="
-                f"{config.min_workers}; free resources now: {ray.available_resources()}; "
+                f"{config.least_workers}; free resources now: {ray.available_resources()}; "
                 "lower the minimum or free resources"
             )
         return members
@@ -201,6 +202,7 @@ class ElasticController:
                 snapshot=source.snapshot,
                 resume_from=source.resume_from,
                 timeout_s=config.collective_timeout_s,
+                keep=member.pid in source.keep,
             )
             for rank, member in enumerate(members)
         ]
@@ -336,15 +338,13 @@ class ElasticController:
             if isinstance(error, UniparError):
                 raise error
             raise UserCodeError(f"a worker raised:\n{failed[0].trace}") from None
-        old_plan = self.plan
-        assert old_plan is not None
-        source = self._state_source(members, end, old_plan)
         gone = end.dead + end.leaving
-        self.supervisor.kill(gone)
+        self.supervisor.kill(end.dead)
         survivors = [m for m in members if m not in gone]
         new = self._at_least_min(survivors + end.joiners)
         new = new[: self._usable(len(new))]
-        self.supervisor.kill([m for m in survivors + end.joiners if m not in new])
+        source = self._state_source(members, end, new)
+        self.supervisor.kill(end.leaving + [m for m in survivors + end.joiners if m not in new])
         self.aggregator_flush(source.step)
         event = ResizeEvent(
             source.step, len(members), len(new), end.reason, time.monotonic() - end.began
@@ -358,7 +358,7 @@ class ElasticController:
 
     def _usable(self, size: int) -> int:
         """The largest size up to ``size`` that the plan can be derived for."""
-        for n in range(size, self.config.min_workers - 1, -1):
+        for n in range(size, self.config.least_workers - 1, -1):
             try:
                 self.plan_for(n)
                 return n
@@ -366,7 +366,7 @@ class ElasticController:
                 continue
         return size  # plan_for raises the reason when the gang forms
 
-    def _state_source(self, members: list[Member], end: _End, plan: Plan) -> _Source:
+    def _state_source(self, members: list[Member], end: _End, new: list[Member]) -> _Source:
         ends = {s.member.pid: s.result for s in end.streams}
         if not end.dead:
             step = next(e.step for e in ends.values() if isinstance(e, Paused))
@@ -379,13 +379,16 @@ class ElasticController:
             for m in survivors
             if isinstance(ends.get(m.pid), Interrupted)
         }
-        if replicated(plan) and any(committed.values()):
-            best = max(survivors, key=lambda m: committed.get(m.pid, -1))
-            try:
-                part = ray.get(best.actor.export_state.remote())
-                return _Source(part.step, snapshot=[ray.put(part)])
-            except PROCESS_LOST:
-                pass
+        assert self.plan is not None
+        if replicated(self.plan) and any(committed.values()):
+            # Replicas: those with the most committed steps hold the whole state. If the
+            # new gang is only them under a replicated plan, they keep it as it is;
+            # otherwise one of them writes it to memory for all.
+            top = max(committed.values())
+            holders = [m for m in survivors if committed.get(m.pid) == top]
+            if replicated(self.plan_for(len(new))) and all(m in holders for m in new):
+                return _Source(top, keep=frozenset(m.pid for m in new))
+            return _Source(top, snapshot=[holders[0].actor.export_state.remote()])
         if self._snapshot is not None:
             return self._from_snapshot()
         newest = latest_checkpoint(self.policy.directory) or self.resume_from

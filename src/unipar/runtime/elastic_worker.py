@@ -91,15 +91,18 @@ class ElasticWorker:
         snapshot: list[ray.ObjectRef] | None,
         resume_from: Path | None,
         timeout_s: float,
+        keep: bool = False,
     ) -> int:
         """Join a new gang as ``rank`` under ``plan``; take the state from ``snapshot``
         (refs to the snapshot's parts, one per rank that wrote it), else ``resume_from`` (disk),
-        else start afresh. Returns the first step to run."""
+        else start afresh; ``keep``: this rank already holds the state at ``start_step``
+        (a replica that survived), re-wrapped as it is. Returns the first step to run."""
         leave()
         self.signal = join(
             rendezvous, rank, backend="nccl" if self.use_gpu else "gloo", timeout_s=timeout_s
         )
-        dataset = self.trainer.dataset if self.trainer is not None else None
+        previous = self.trainer
+        dataset = previous.dataset if previous is not None else None
         self.trainer = Trainer(
             self.job,
             plan,
@@ -110,6 +113,9 @@ class ElasticWorker:
             dataset=dataset,
         )
         trainer = self.trainer
+        if keep and previous is not None and self.committed == start_step:
+            self.committed = trainer.adopt(previous, start_step)
+            return start_step
         trainer.start_step = trainer.setup(None if snapshot else resume_from)
         if snapshot:
             parts: list[SnapshotPart] = ray.get(snapshot)

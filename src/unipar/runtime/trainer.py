@@ -84,8 +84,7 @@ class Trainer:
     def setup(self, resume_from: Path | None) -> int:
         """Build model, optimizer and data; load ``resume_from``. Returns the first step."""
         job = self.job
-        if self.dataset is None:
-            self.dataset = _call_user("dataset factory", job.dataset)
+        self._load_dataset()
         self.model = parallelize(
             self._build_model,
             self.plan,
@@ -101,13 +100,7 @@ class Trainer:
             for part in self.model.parts
         ]
         self.base_lrs = [[g["lr"] for g in opt.param_groups] for opt in self.optimizers]
-        sampler = GlobalBatchSampler(len(self.dataset), job.global_batch_size, job.seed)
-        self.batches = ShardedBatches(
-            sampler,
-            self.model.data_replica,
-            self.plan.mesh.data_replicas,
-            self.plan.microbatch_size,
-        )
+        self._shard_batches()
         if resume_from is not None:
             info = read_checkpoint(resume_from)
             if info.global_batch_size != job.global_batch_size:
@@ -119,6 +112,41 @@ class Trainer:
             load_checkpoint(resume_from, parts=self.model.parts, optimizers=self.optimizers)
             self.start_step = info.step
         return self.start_step
+
+    def _load_dataset(self) -> None:
+        if self.dataset is None:
+            self.dataset = _call_user("dataset factory", self.job.dataset)
+
+    def _shard_batches(self) -> None:
+        sampler = GlobalBatchSampler(len(self.dataset), self.job.global_batch_size, self.job.seed)
+        self.batches = ShardedBatches(
+            sampler,
+            self.model.data_replica,
+            self.plan.mesh.data_replicas,
+            self.plan.microbatch_size,
+        )
+
+    def adopt(self, previous: Trainer, step: int) -> int:
+        """Continue ``previous``'s model and optimizers (a replica at ``step`` under a
+        replicated plan) under this trainer's replicated plan: the same parameters, only
+        re-wrapped for the new process group; nothing is built, copied or loaded."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        from unipar.runtime.data_parallel import apply_ddp
+        from unipar.runtime.parallelize import ParallelModel
+
+        self.dataset = previous.dataset
+        module = previous.model.parts[0]
+        if isinstance(module, DistributedDataParallel):
+            module = module.module
+        if self.world_size > 1:
+            module = apply_ddp(module, self.device)
+        coordinates = self.plan.mesh.coordinates(self.rank)
+        self.model = ParallelModel(parts=[module], plan=self.plan, coordinates=coordinates)
+        self.optimizers, self.base_lrs = previous.optimizers, previous.base_lrs
+        self._shard_batches()
+        self.start_step = step
+        return step
 
     def _build_model(self) -> nn.Module:
         model = _call_user("model factory", self.job.model)
