@@ -17,7 +17,9 @@ class RunConfig:
     workers: int = 2  # the most workers (the number to start with when the cluster has room)
     min_workers: int | None = None  # the fewest to train on (None: ``workers``, a fixed size)
     elastic: bool = True  # live recovery and resizing; False: restart from disk on a loss
-    snapshot_every: int | None = None  # in-memory snapshots (None: 0 if replicated, else 5)
+    # In-memory snapshots every this many steps (None: none for replicated state, else as
+    # often as 2% of the training time allows).
+    snapshot_every: int | None = None
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
     run_dir: Path = Path("unipar_runs")

@@ -213,10 +213,12 @@ class ElasticController:
         streams = [Stream(m, m.actor.train.remote(every)) for m in members]
         return self._follow(streams, members)
 
-    def _snapshot_every(self, plan: Plan) -> int:
+    def _snapshot_every(self, plan: Plan) -> int | None:
+        """Replicated state needs no snapshot (any survivor has it all); sharded state is
+        snapshotted as often as 2% of the training time allows, unless set."""
         if self.config.snapshot_every is not None:
             return self.config.snapshot_every
-        return 0 if replicated(plan) else 5
+        return 0 if replicated(plan) else None
 
     def _wait_formed(self, forms: list[ray.ObjectRef], members: list[Member]) -> int:
         try:

@@ -18,6 +18,7 @@ final item saying how the gang's run ended for this rank:
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +30,12 @@ import torch
 from unipar.job import Job
 from unipar.plan import Plan
 from unipar.runtime.rendezvous import Rendezvous, StopSignal, join, leave
-from unipar.runtime.snapshot import SnapshotPart, load_from_memory, save_to_memory
+from unipar.runtime.snapshot import (
+    SnapshotCadence,
+    SnapshotPart,
+    load_from_memory,
+    save_to_memory,
+)
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, Trainer, TrainOutcome
 
 
@@ -156,9 +162,10 @@ class ElasticWorker:
             collective=trainer.world_size > 1,
         )
 
-    def train(self, snapshot_every: int) -> Iterator[StepReport | SnapshotPart | StreamEnd]:
-        """Train from the formed state (see module doc). ``snapshot_every`` > 0: an
-        in-memory snapshot at the first step and every that many steps.
+    def train(self, snapshot_every: int | None) -> Iterator[StepReport | SnapshotPart | StreamEnd]:
+        """Train from the formed state (see module doc), with an in-memory snapshot
+        every ``snapshot_every`` steps (0: none; None: as often as 2% of the training
+        time allows, see :class:`SnapshotCadence`) and one before a pause.
 
         Nothing is snapshotted at step 0: the state there is the model built from the
         job's seed, rebuilt identically by any gang (and DCP's ``get_state_dict`` would
@@ -168,11 +175,10 @@ class ElasticWorker:
         assert signal is not None
         steps, every = self.job.steps, self.checkpoints.every
         step = trainer.start_step
+        cadence = SnapshotCadence(snapshot_every, start=step)
         final: Path | None = None
         try:
             try:
-                if snapshot_every and step > 0:
-                    yield self._snapshot(step)
                 while step < steps:
                     if signal.stop_before(step):
                         if step > 0:
@@ -185,9 +191,12 @@ class ElasticWorker:
                         trainer.drop_step()
                         raise
                     step = self.committed = step + 1
+                    cadence.add_step(report.seconds)
                     yield report
-                    if snapshot_every and step % snapshot_every == 0 and step < steps:
+                    if cadence.due(step) and step < steps:
+                        began = time.perf_counter()
                         yield self._snapshot(step)
+                        cadence.took(step, time.perf_counter() - began)
                     if step == steps or step % every == 0:
                         final = trainer.save(step)
                 if torch.distributed.is_initialized():

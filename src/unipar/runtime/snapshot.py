@@ -13,6 +13,7 @@ another plan and world size, loads them with DCP's resharding, as a disk resume 
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import warnings
 from collections.abc import Sequence
@@ -111,3 +112,44 @@ def load_from_memory(
         _set_state_dicts(parts, optimizers, state, keys)
     finally:
         fs.rm(where, recursive=True)
+
+
+class SnapshotCadence:
+    """When a rank snapshots: every ``every`` steps, or, with ``every=None``, as often
+    as ``budget`` of the training time allows. The adaptive interval is
+    ``ceil(snapshot_s / (budget * step_s))`` from the last snapshot's duration and the
+    mean step since the one before (the largest of every rank's, so all ranks agree:
+    the snapshot is collective): a loss then redoes at most ``1 / budget`` times one
+    snapshot's duration of training. The first snapshot comes after ``first`` steps."""
+
+    def __init__(self, every: int | None, *, start: int, budget: float = 0.02, first: int = 10):
+        self.every, self.budget = every, budget
+        self.next_at = start + (every if every else first)
+        self._since = start
+        self._step_seconds = 0.0
+
+    def add_step(self, seconds: float) -> None:
+        self._step_seconds += seconds
+
+    def due(self, step: int) -> bool:
+        return self.every != 0 and step >= self.next_at
+
+    def took(self, step: int, snapshot_s: float) -> None:
+        """Record a snapshot at ``step`` that took ``snapshot_s`` seconds."""
+        steps = max(1, step - self._since)
+        if self.every:
+            interval = self.every
+        else:
+            snapshot_s, step_s = _largest_on_any_rank(snapshot_s, self._step_seconds / steps)
+            interval = max(1, min(10_000, math.ceil(snapshot_s / (self.budget * step_s))))
+        self.next_at = step + interval
+        self._since, self._step_seconds = step, 0.0
+
+
+def _largest_on_any_rank(*values: float) -> list[float]:
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [max(v, 1e-9) for v in tensor.tolist()]
