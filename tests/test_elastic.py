@@ -84,10 +84,26 @@ def _check_samples(result, job: Job) -> None:
         assert sorted(metrics.sample_ids) == expected, f"step {metrics.step}"
 
 
-def _run_shrink_and_grow(tmp_path, plan, *, snapshot_every=None):  # type: ignore[no-untyped-def]
+RUN = dict(checkpoint_every=10_000, progress=False)
+
+
+@pytest.fixture(scope="module")
+def dp_reference(ray_cluster, tmp_path_factory):  # type: ignore[no-untyped-def]
+    run_dir = tmp_path_factory.mktemp("reference")
+    return fit(slow_mlp_job(), workers=2, run_dir=run_dir, elastic=False, **RUN)
+
+
+def _assert_same_losses(result, reference) -> None:  # type: ignore[no-untyped-def]
+    torch.testing.assert_close(
+        torch.tensor(result.losses), torch.tensor(reference.losses), rtol=1e-5, atol=1e-7
+    )
+
+
+def _run_shrink_and_grow(tmp_path, plan, reference=None, *, snapshot_every=None):  # type: ignore[no-untyped-def]
     job = slow_mlp_job()
-    run = dict(plan=plan, checkpoint_every=10_000, progress=False)
-    reference = fit(job, workers=2, run_dir=tmp_path / "ref", elastic=False, **run)
+    run = dict(plan=plan, **RUN)
+    if reference is None:
+        reference = fit(job, workers=2, run_dir=tmp_path / "ref", elastic=False, **run)
     killer = KillOnce(at=8, rank=1, checkpoints=tmp_path / "elastic" / "checkpoints")
     result = fit(
         job,
@@ -107,17 +123,26 @@ def _run_shrink_and_grow(tmp_path, plan, *, snapshot_every=None):  # type: ignor
     events = read_events(result.metrics_path)
     assert [(e["old"], e["new"]) for e in events][:2] == [(2, 1), (1, 2)]
     _check_samples(result, job)
-    torch.testing.assert_close(
-        torch.tensor(result.losses), torch.tensor(reference.losses), rtol=1e-5, atol=1e-7
-    )
+    _assert_same_losses(result, reference)
     assert "2\u21921 at step" in result.summary()
     return result
 
 
-def test_data_parallel_shrinks_and_grows_live(ray_cluster, tmp_path):
-    result = _run_shrink_and_grow(tmp_path, None)
+def test_data_parallel_shrinks_and_grows_live(dp_reference, tmp_path):
+    result = _run_shrink_and_grow(tmp_path, None, dp_reference)
     # Data parallel: the survivor's own state, no step lost.
     assert result.resizes[0].step >= 8
+
+
+def test_fixed_size_recovers_live_with_a_replacement(dp_reference, tmp_path):
+    job = slow_mlp_job()
+    killer = KillOnce(at=8, rank=0, checkpoints=tmp_path / "checkpoints")
+    result = fit(job, workers=2, run_dir=tmp_path, callbacks=[killer], **RUN)
+    assert killer.killed_at is not None and killer.on_disk_at_kill == []
+    assert [(e.old, e.new) for e in result.resizes] == [(2, 2)]
+    assert result.failures == 1
+    _check_samples(result, job)
+    _assert_same_losses(result, dp_reference)
 
 
 @pytest.mark.parametrize(

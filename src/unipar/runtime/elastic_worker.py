@@ -159,7 +159,7 @@ class ElasticWorker:
             trainer.rank,
             parts=trainer.model.parts,
             optimizers=trainer.optimizers,
-            collective=trainer.world_size > 1,
+            collective=torch.distributed.is_initialized(),
         )
 
     def train(self, snapshot_every: int | None) -> Iterator[StepReport | SnapshotPart | StreamEnd]:

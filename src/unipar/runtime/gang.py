@@ -157,18 +157,6 @@ class Supervisor:
         for member in members:
             ray.kill(member.actor, no_restart=True)
 
-    @staticmethod
-    def alive(member: Member) -> bool:
-        """Whether the member's actor is alive (a cheap GCS lookup)."""
-        return actor_state(member.actor) == "ALIVE"
-
-
-def actor_state(actor: Any) -> str:
-    from ray.util.state import get_actor
-
-    info = get_actor(actor._actor_id.hex())
-    return info.state if info is not None else "DEAD"
-
 
 def draining_nodes() -> set[str]:
     """Hex ids of the nodes Ray is draining."""
