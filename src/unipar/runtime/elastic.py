@@ -207,6 +207,7 @@ class ElasticController:
             for rank, member in enumerate(members)
         ]
         start = self._wait_formed(forms, members)
+        self._pending_parts: dict[int, list[SnapshotPart]] = {}  # parts of this gang only
         self.aggregator = StepAggregator(size)
         self.bar.start_at(start)
         every = self._snapshot_every(plan)
@@ -322,7 +323,7 @@ class ElasticController:
             ) from error
 
     def _add_snapshot_part(self, part: SnapshotPart, size: int) -> None:
-        parts = self._pending_parts = getattr(self, "_pending_parts", {})
+        parts = self._pending_parts
         parts.setdefault(part.step, []).append(part)
         if len(parts[part.step]) == size:
             self._snapshot = (part.step, parts.pop(part.step))
@@ -376,13 +377,9 @@ class ElasticController:
                 return self._from_snapshot()
             return _Source(0, resume_from=self.resume_from)  # paused before the first step
         survivors = [m for m in members if m not in end.dead]
-        committed = {
-            m.pid: ends[m.pid].committed
-            for m in survivors
-            if isinstance(ends.get(m.pid), Interrupted)
-        }
+        committed = {m.pid: _committed(ends.get(m.pid)) for m in survivors}
         assert self.plan is not None
-        if replicated(self.plan) and any(committed.values()):
+        if replicated(self.plan) and max(committed.values(), default=0) > 0:
             # Replicas: those with the most committed steps hold the whole state. If the
             # new gang is only them under a replicated plan, they keep it as it is;
             # otherwise one of them writes it to memory for all.
@@ -418,6 +415,15 @@ class ElasticController:
             self.bar.update(metrics)
             for callback in self.callbacks:
                 callback.on_step(metrics, self.workers)
+
+
+def _committed(end: object) -> int:
+    """Steps a survivor committed, from how its stream ended (-1: unknown)."""
+    if isinstance(end, Interrupted):
+        return end.committed
+    if isinstance(end, Paused):
+        return end.step
+    return -1
 
 
 def _event_record(event: ResizeEvent) -> dict[str, object]:

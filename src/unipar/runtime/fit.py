@@ -117,8 +117,8 @@ def fit(
     if isinstance(plan, Plan):
         _check_plan(job, plan)
         _check_model_takes_plan(job, plan)
-        if config.elastic and plan.mesh.world_size == config.workers:
-            require_resizable(plan, config.least_workers, config.workers)
+        if config.elastic:
+            _check_plan_in_range(plan, config)
     resume_from = _resume_point(config)
     ensure_writable(config.checkpoints)
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
@@ -196,6 +196,19 @@ class _ElasticPlans:
                 f"{', '.join(map(str, works)) or 'none'}"
             )
         return resized
+
+
+def _check_plan_in_range(plan: Plan, config: RunConfig) -> None:
+    """A given plan is for a size within the worker range, and reshards to its least."""
+    mesh, least, most = plan.mesh, config.least_workers, config.workers
+    if not least <= mesh.world_size <= most:
+        size = f"{most}" if least == most else f"{least}..{most}"
+        raise UnsupportedPlanError(
+            f"the plan's mesh needs {mesh.world_size} workers (pp={mesh.pp} x dp={mesh.dp} x "
+            f"fsdp={mesh.fsdp} x tp={mesh.tp}), but the run has {size}; set workers="
+            f"{mesh.world_size} or choose a plan for {most}"
+        )
+    require_resizable(plan, least, most)
 
 
 def _check_plan(job: Job, plan: Plan) -> None:
