@@ -77,11 +77,19 @@ class KillOnce(Callback):
 
 
 def _check_samples(result, job: Job) -> None:
+    """Every step once, each with exactly its global batch's samples. A step that a
+    worker committed and then died before its report arrived is recorded from the
+    survivors' reports only (``partial``): its samples are a part of the batch (the
+    whole batch was consumed: the step's all-reduce completed on every rank)."""
     sampler = GlobalBatchSampler(512, job.global_batch_size, job.seed)
     assert [m.step for m in result.history] == list(range(job.steps))
     for metrics in result.history:
         expected = sorted(sampler.global_indices(metrics.step).tolist())
-        assert sorted(metrics.sample_ids) == expected, f"step {metrics.step}"
+        if metrics.partial:
+            assert set(metrics.sample_ids) < set(expected), f"step {metrics.step}"
+        else:
+            assert sorted(metrics.sample_ids) == expected, f"step {metrics.step}"
+    assert sum(m.partial for m in result.history) <= len(result.resizes)
 
 
 RUN = dict(checkpoint_every=10_000, progress=False)
@@ -94,8 +102,13 @@ def dp_reference(ray_cluster, tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 def _assert_same_losses(result, reference) -> None:  # type: ignore[no-untyped-def]
+    """Equal losses, except on a ``partial`` step (see :func:`_check_samples`)."""
+    whole = [i for i, m in enumerate(result.history) if not m.partial]
     torch.testing.assert_close(
-        torch.tensor(result.losses), torch.tensor(reference.losses), rtol=1e-5, atol=1e-7
+        torch.tensor(result.losses)[whole],
+        torch.tensor(reference.losses)[whole],
+        rtol=1e-5,
+        atol=1e-7,
     )
 
 

@@ -158,7 +158,7 @@ class ElasticController:
             while True:
                 end = self._formation(members, source)
                 finished = [s.result for s in end.streams if isinstance(s.result, Finished)]
-                if finished and not end.dead:
+                if finished:  # past the final barrier: every rank finished
                     self.supervisor.kill(end.joiners)
                     return finished[0].outcome
                 members, source = self._reform(members, end)

@@ -26,6 +26,9 @@ class StepMetrics:
     finished_at: float
     # Dataset indices of the step's samples (not written to metrics.jsonl).
     sample_ids: tuple[int, ...] = field(default=(), repr=False)
+    # Some rank committed the step and died before its report arrived: loss, samples and
+    # tokens are the reporting ranks' only.
+    partial: bool = False
 
 
 class StepAggregator:
@@ -49,7 +52,7 @@ class StepAggregator:
         """The incomplete steps before ``step`` from the reports that arrived (some rank
         committed them and then died before reporting)."""
         done = [s for s in self._pending if s < step]
-        complete = [_joined(self._pending.pop(s), attempt) for s in sorted(done)]
+        complete = [_joined(self._pending.pop(s), attempt, partial=True) for s in sorted(done)]
         self._pending.clear()
         return complete
 
@@ -57,7 +60,7 @@ class StepAggregator:
         self._pending.clear()
 
 
-def _joined(group: list[StepReport], attempt: int) -> StepMetrics:
+def _joined(group: list[StepReport], attempt: int, *, partial: bool = False) -> StepMetrics:
     seconds = max(r.seconds for r in group)
     tokens = sum(r.tokens for r in group)
     return StepMetrics(
@@ -71,6 +74,7 @@ def _joined(group: list[StepReport], attempt: int) -> StepMetrics:
         attempt=attempt,
         finished_at=max(r.finished_at for r in group),
         sample_ids=tuple(i for r in sorted(group, key=lambda r: r.rank) for i in r.sample_ids),
+        partial=partial,
     )
 
 
