@@ -31,7 +31,7 @@ from unipar.testing import RandomRegression, mse_loss
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-STEPS = 150
+STEPS = 250
 BATCH = 8
 
 
