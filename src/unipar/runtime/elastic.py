@@ -8,9 +8,10 @@ process group under one plan. The controller follows its step reports and:
   their stream with the step they committed. The state comes from memory: under a
   replicated plan (data parallel) from the survivor with the most committed steps
   (a survivor cannot be behind: a step is committed only after its gradient
-  all-reduce completed everywhere), under a sharded plan from the newest in-memory
-  snapshot (taken every ``snapshot_every`` steps; the steps since are redone, on the
-  same samples, so with the same losses);
+  all-reduce completed everywhere; alone in the new gang they keep their model as it is),
+  under a sharded plan from the newest in-memory snapshot (taken as often as 2% of the
+  training time allows, or every ``snapshot_every`` steps; the steps since are redone,
+  on the same samples, so with the same losses);
 - **grow**: when the free resources of the cluster hold another worker, new workers
   start (import torch, build the dataset) while the formation trains; once they are
   up, the gang stops at the next step boundary, snapshots its state to memory and
