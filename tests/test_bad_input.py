@@ -90,7 +90,11 @@ def _nothing_written(workdir: Path) -> None:
 TRAIN_FLAGS = [
     (["no-such-recipe"], "neither a built-in recipe"),
     (["job.py", "--workers", "0"], "--workers must be >= 1, but got 0"),
-    (["job.py", "--workers", "two"], "invalid int value"),
+    (["job.py", "--workers", "two"], "takes a number or a range MIN:MAX"),
+    (["job.py", "--workers", "4:2"], "the fewest workers must not exceed the most"),
+    (["job.py", "--workers", "1:2", "--no-elastic"], "a worker range .* needs elastic"),
+    (["job.py", "--no-elastic=yes"], "ignored explicit argument"),
+    (["job.py", "--snapshot-every", "-1"], "--snapshot-every must be >= 0"),
     (["job.py", "--strategy", "zero4"], "strategy must be one of auto, ddp"),
     (["job.py", "--strategy", "missing.json"], "cannot read the plan file"),
     (["job.py", "--strategy", "bad.json"], r"not valid JSON: .* at line 2, column 20"),
@@ -141,7 +145,7 @@ def test_job_file_with_a_syntax_error_is_one_line_before_ray(workdir, no_ray, ca
 # --- every flag of `unipar plan` -----------------------------------------------------
 
 PLAN_FLAGS = [
-    (["bert"], "invalid choice: 'bert'"),
+    (["bert"], "the model must be one of .* or hf:PATH/config.json, but got 'bert'"),
     (["gpt", "--hidden", "0"], "--hidden must be >= 1"),
     (["gpt", "--layers", "0"], "--layers must be >= 1, but got 0"),
     (["gpt", "--heads", "0"], "--heads must be >= 1"),
@@ -162,12 +166,14 @@ PLAN_FLAGS = [
     (["gpt", "--fix", "tp=x"], "--fix takes key=value pairs"),
     (["gpt", "--json=1"], "ignored explicit argument"),
     (["gpt", "--plot", "afile"], "is a file"),
+    (["gpt", "--attention", "fast"], "invalid choice"),
+    (["gpt", "--versus", "tp=x"], "takes key=value pairs"),
 ]
 
 
 @pytest.mark.parametrize(("argv", "pattern"), PLAN_FLAGS, ids=[" ".join(a) for a, _ in PLAN_FLAGS])
 def test_plan_flag(argv, pattern, workdir, no_ray, capsys):
-    if "--global-batch" not in argv and argv != ["bert"]:
+    if "--global-batch" not in argv:
         argv = [*argv, "--global-batch", "8"]
     _refused(["plan", *argv], pattern, workdir, capsys)
 
@@ -287,6 +293,12 @@ FIT_ARGUMENTS = [
     ({"job": "my_job.py"}, ConfigError, "job must be a unipar.Job"),
     ({"workers": 0}, ConfigError, "workers must be >= 1, but got 0"),
     ({"workers": "2"}, ConfigError, "workers must be a whole number"),
+    ({"workers": (1, 2, 3)}, ConfigError, "workers must be a number or a range"),
+    ({"workers": (3, 2)}, ConfigError, "the fewest workers must not exceed the most"),
+    ({"workers": (0, 2)}, ConfigError, "min_workers must be >= 1"),
+    ({"elastic": "yes"}, ConfigError, "elastic must be True or False"),
+    ({"workers": (1, 2), "elastic": False}, ConfigError, "a worker range .* needs elastic"),
+    ({"snapshot_every": -1}, ConfigError, "snapshot_every must be >= 0"),
     ({"plan": 42}, ConfigError, "plan must be a Plan, a Strategy"),
     ({"plan": "zero4"}, ConfigError, "strategy must be one of"),
     ({"cpus_per_worker": -1}, ConfigError, "cpus_per_worker must be >= 0"),

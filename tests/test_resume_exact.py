@@ -1,5 +1,6 @@
-"""Crash recovery: SIGKILL a worker process at a random step after a checkpoint; the run
-finishes by itself and its final parameters equal an uninterrupted run's, bit for bit.
+"""Crash recovery in the restart mode (``elastic=False``): SIGKILL a worker process at a
+random step after a checkpoint; the run finishes by itself and its final parameters equal
+an uninterrupted run's, bit for bit.
 
 Dropout is on, so the equality also proves each rank's RNG state was restored.
 """
@@ -11,6 +12,7 @@ import os
 import random
 import signal
 
+import pytest
 import torch
 
 from unipar import Callback, fit, load_model_state
@@ -57,6 +59,7 @@ def test_killed_worker_resumes_bit_exact(ray_cluster, tmp_path):
         checkpoint_every=EVERY,
         progress=False,
         callbacks=[killer],
+        elastic=False,
     )
 
     assert killer.killed_pid is not None, f"kill at step {kill_at} never happened"
@@ -78,7 +81,8 @@ def test_killed_worker_resumes_bit_exact(ray_cluster, tmp_path):
     assert crashed.losses == reference.losses
 
 
-def test_gives_up_after_max_failures(ray_cluster, tmp_path):
+@pytest.mark.parametrize("elastic", [False, True], ids=["restart", "elastic"])
+def test_gives_up_after_max_failures(ray_cluster, tmp_path, elastic):
     from unipar import TrainingFailedError
 
     class KillEveryAttempt(Callback):
@@ -98,6 +102,7 @@ def test_gives_up_after_max_failures(ray_cluster, tmp_path):
             max_failures=1,
             progress=False,
             callbacks=[KillEveryAttempt()],
+            elastic=elastic,
         )
     except TrainingFailedError as error:
         assert "max_failures=1" in str(error)

@@ -60,7 +60,7 @@ def _check_train_args(
     options = run_options(args)
     config = _run_config(options)
     if isinstance(plan, Plan):
-        validate.check_plan_for_run(plan, config.workers)
+        validate.check_plan_for_run(plan, (config.least_workers, config.workers))
     if config.resume or "run_dir" in options or "checkpoint_dir" in options:
         from unipar.runtime.checkpoint import resume_point
 
@@ -84,6 +84,9 @@ def _run_config(options: dict[str, Any]) -> RunConfig:
     flag rather than the field."""
     from unipar.runtime.config import RunConfig, cli_fields
 
+    options = dict(options)
+    if isinstance(options.get("workers"), tuple):  # --workers MIN:MAX
+        options["min_workers"], options["workers"] = options["workers"]
     try:
         return RunConfig(**options)
     except ConfigError as error:
@@ -106,8 +109,10 @@ def _fit_and_report(
 
     if args.steps is not None:
         job = dataclasses.replace(job, steps=args.steps)
+    least, most = config.least_workers, config.workers
+    workers = f"{most}" if least == most else f"{least}..{most}"
     print(
-        f"unipar: training {job.name} for {job.steps} steps on {config.workers} workers",
+        f"unipar: training {job.name} for {job.steps} steps on {workers} workers",
         flush=True,
     )
     result = fit(job, plan=plan, **options)  # joins the Ray instance started above

@@ -202,7 +202,23 @@ def check_job(job: Any) -> None:
 
 def check_run_config(config: Any) -> None:
     """The rules of every :class:`~unipar.runtime.config.RunConfig` field."""
-    integer("workers", config.workers, minimum=1)
+    most = integer("workers", config.workers, minimum=1)
+    if config.min_workers is not None:
+        least = integer("min_workers", config.min_workers, minimum=1)
+        if least > most:
+            raise ConfigError(
+                f"the fewest workers must not exceed the most, but got min={least} and "
+                f"max={most}; pass workers=({min(least, most)}, {max(least, most)}) "
+                f"(--workers {min(least, most)}:{max(least, most)})"
+            )
+    elastic = boolean("elastic", config.elastic)
+    if not elastic and config.least_workers != most:
+        raise ConfigError(
+            f"a worker range ({config.least_workers}..{most}) needs elastic training, but got "
+            f"elastic=False; pass a fixed number of workers, or leave elastic on"
+        )
+    if config.snapshot_every is not None:
+        integer("snapshot_every", config.snapshot_every, minimum=0)
     cpus = number("cpus_per_worker", config.cpus_per_worker, minimum=0)
     gpus = number("gpus_per_worker", config.gpus_per_worker, minimum=0)
     if cpus == 0 and gpus == 0:
@@ -228,6 +244,19 @@ def check_run_config(config: Any) -> None:
     boolean("progress", config.progress)
     for name in ("placement_timeout_s", "collective_timeout_s", "poll_interval_s"):
         number(name, getattr(config, name), above=0)
+
+
+def worker_range(workers: Any) -> tuple[int | None, int]:
+    """``fit``'s ``workers``: a number (``(None, n)``: a fixed size) or a range
+    ``(least, most)``; the numbers are checked with the run's other settings."""
+    if isinstance(workers, tuple):
+        if len(workers) != 2:
+            raise ConfigError(
+                f"workers must be a number or a range (least, most), but got {workers!r}; "
+                "pass e.g. workers=(2, 8)"
+            )
+        return workers[0], workers[1]
+    return None, workers
 
 
 def check_address(address: Any) -> str | None:
@@ -273,17 +302,23 @@ def check_fit_inputs(job: Any, plan: Any, callbacks: Any, address: Any) -> None:
     check_address(address)
 
 
-def check_plan_for_run(plan: Any, workers: int, global_batch_size: int | None = None) -> None:
-    """A plan the runtime can run on ``workers`` workers (one per mesh position), for a
-    job of ``global_batch_size`` samples per step (when known)."""
+def check_plan_for_run(
+    plan: Any, workers: int | tuple[int, int], global_batch_size: int | None = None
+) -> None:
+    """A plan the runtime can run on ``workers`` workers (one per mesh position; a range
+    ``(least, most)`` for an elastic run: the plan is for a size within it), for a job of
+    ``global_batch_size`` samples per step (when known)."""
     from unipar.plan import GradSync
 
     mesh = plan.mesh
-    if mesh.world_size != workers:
+    least, most = workers if isinstance(workers, tuple) else (workers, workers)
+    if not least <= mesh.world_size <= most:
+        size = f"{most}" if least == most else f"{least}..{most}"
         raise ConfigError(
             f"the plan's mesh needs {mesh.world_size} workers (pp={mesh.pp} x dp={mesh.dp} x "
-            f"fsdp={mesh.fsdp} x cp={mesh.cp} x tp={mesh.tp}), but workers={workers}; pass workers="
-            f"{mesh.world_size} (--workers {mesh.world_size}) or a plan for {workers} workers"
+            f"fsdp={mesh.fsdp} x cp={mesh.cp} x tp={mesh.tp}), but workers={size}; pass "
+            f"workers={mesh.world_size} (--workers {mesh.world_size}) or a plan for {most} "
+            "workers"
         )
     if plan.grad_sync is GradSync.PARAMETER_SERVER:
         raise ConfigError(

@@ -208,6 +208,25 @@ def _state_dicts(
     return {"model": model_state, "optimizer": optimizer_state}, keys
 
 
+def _set_state_dicts(
+    parts: Sequence[nn.Module],
+    optimizers: Sequence[torch.optim.Optimizer],
+    state: dict[str, Any],
+    keys: list[tuple[set[str], set[str]]],
+) -> None:
+    """Put loaded ``state`` (as laid out by :func:`_state_dicts`) into each part."""
+    dcp = _dcp()
+    options = dcp.state_dict.StateDictOptions(flatten_optimizer_state_dict=True)
+    for part, optimizer, (model_keys, optimizer_keys) in zip(parts, optimizers, keys, strict=True):
+        dcp.state_dict.set_state_dict(
+            part,
+            optimizer,
+            model_state_dict={k: state["model"][k] for k in model_keys},
+            optim_state_dict={k: state["optimizer"][k] for k in optimizer_keys},
+            options=options,
+        )
+
+
 def save_checkpoint(
     directory: Path,
     *,
@@ -268,15 +287,7 @@ def load_checkpoint(
             f"({safe.describe_load_error(error)}); resume with the model it was written for, "
             "or start afresh"
         ) from error
-    options = dcp.state_dict.StateDictOptions(flatten_optimizer_state_dict=True)
-    for part, optimizer, (model_keys, optimizer_keys) in zip(parts, optimizers, keys, strict=True):
-        dcp.state_dict.set_state_dict(
-            part,
-            optimizer,
-            model_state_dict={k: state["model"][k] for k in model_keys},
-            optim_state_dict={k: state["optimizer"][k] for k in optimizer_keys},
-            options=options,
-        )
+    _set_state_dicts(parts, optimizers, state, keys)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     rng_file = path / f"rng_rank{rank}.pt"

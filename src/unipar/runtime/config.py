@@ -23,12 +23,54 @@ def cli(help: str, **argparse: Any) -> dict[str, Any]:
     return {"help": help, **argparse}
 
 
+def parse_workers(text: str) -> int | tuple[int, int]:
+    """``--workers``: ``4``, or ``2:8`` (the fewest and the most workers)."""
+    import argparse
+
+    try:
+        if ":" in text:
+            least, most = text.split(":")
+            return int(least), int(most)
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--workers takes a number or a range MIN:MAX (like 2:8), not {text!r}"
+        ) from None
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """How to run a job. ``resume`` is ``False``, ``True`` (the newest checkpoint in
     ``checkpoint_dir``) or the path of a checkpoint or checkpoint directory."""
 
-    workers: int = field(default=2, metadata=cli("number of worker processes", type=int))
+    # The most workers (the number to start with when the cluster has room); the CLI's
+    # ``--workers MIN:MAX`` also sets ``min_workers``.
+    workers: int = field(
+        default=2,
+        metadata=cli(
+            "number of worker processes, or a range MIN:MAX to train elastically on as many "
+            "as the cluster gives",
+            type=parse_workers,
+        ),
+    )
+    min_workers: int | None = None  # the fewest to train on (None: ``workers``, a fixed size)
+    elastic: bool = field(
+        default=True,
+        metadata=cli(
+            "on a lost worker, restart the whole gang from the newest checkpoint instead of "
+            "recovering live",
+            flag="--no-elastic",
+            action="store_false",
+        ),
+    )
+    snapshot_every: int | None = field(
+        default=None,
+        metadata=cli(
+            "steps between in-memory snapshots of sharded state (default: as often as 2%% of "
+            "the training time allows; replicated state needs none)",
+            type=int,
+        ),
+    )
     cpus_per_worker: float = field(
         default=1.0, metadata=cli("CPUs Ray reserves per worker", type=float)
     )
@@ -83,6 +125,10 @@ class RunConfig:
             value = getattr(self, name)
             if isinstance(value, str):
                 object.__setattr__(self, name, Path(value))
+
+    @property
+    def least_workers(self) -> int:
+        return self.workers if self.min_workers is None else self.min_workers
 
     @property
     def checkpoints(self) -> Path:

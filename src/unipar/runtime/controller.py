@@ -9,32 +9,27 @@ one from the newest checkpoint, up to ``max_failures`` times.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import ray
 import torch.distributed as dist
-from ray.exceptions import (
-    ActorDiedError,
-    NodeDiedError,
-    OutOfMemoryError,
-    RayActorError,
-    RayTaskError,
-    WorkerCrashedError,
-)
+from ray.exceptions import RayTaskError
 
 from unipar.errors import TrainingFailedError, UniparError, UserCodeError
 from unipar.job import Job
 from unipar.plan import Plan
 from unipar.runtime.checkpoint import latest_checkpoint
 from unipar.runtime.config import RunConfig
+from unipar.runtime.gang import PROCESS_LOST, Stream
 from unipar.runtime.metrics import MetricsWriter, StepAggregator, StepMetrics
 from unipar.runtime.progress import ProgressBar
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
 from unipar.runtime.worker_group import WorkerGroup, WorkerInfo
 
-_PROCESS_LOST = (ActorDiedError, RayActorError, NodeDiedError, OutOfMemoryError, WorkerCrashedError)
+_PROCESS_LOST = PROCESS_LOST
 _GRACE_S = 2.0
 
 
@@ -46,6 +41,10 @@ class Callback:
 
     def on_failure(self, failure: WorkerLost, attempt: int) -> None:
         """Called after a worker was lost, before the gang restarts (or gives up)."""
+
+    def on_resize(self, event: Any) -> None:
+        """Called when an elastic gang re-formed with another number of workers
+        (a :class:`~unipar.runtime.elastic.ResizeEvent`)."""
 
 
 class WorkerLost(Exception):
@@ -185,27 +184,17 @@ class Controller:
                 callback.on_step(metrics, self.workers)
 
 
-class _Call:
-    """One worker's call in flight: a plain result (an ObjectRef), or a stream of step
-    reports ending with the outcome (an ObjectRefGenerator)."""
+class _Call(Stream):
+    """One worker's call in flight (see :class:`~unipar.runtime.gang.Stream`): a plain
+    result, or a stream of step reports ending with the outcome."""
 
     def __init__(self, rank: int, handle: ray.ObjectRef | ray.ObjectRefGenerator) -> None:
-        self.rank, self.handle = rank, handle
-        self.done = False
-        self.result: object = None
+        super().__init__(None, handle)
+        self.rank = rank
 
-    def take_ready(self) -> list[StepReport]:
-        """The reports that have arrived; sets ``result`` once the call has ended.
-        Raises what the worker raised, or Ray's error for a lost worker."""
-        if isinstance(self.handle, ray.ObjectRef):
-            if ray.wait([self.handle], timeout=0)[0]:
-                self.result, self.done = ray.get(self.handle), True
-            return []
-        reports = []
-        while not self.done and ray.wait([self.handle], timeout=0)[0]:
-            item = ray.get(next(self.handle))
-            if isinstance(item, StepReport):
-                reports.append(item)
-            else:
-                self.result, self.done = item, True
-        return reports
+    def take_ready(self, *, is_last: Callable[[object], bool] | None = None) -> list[object]:
+        return super().take_ready(is_last=is_last or _is_outcome)
+
+
+def _is_outcome(item: object) -> bool:
+    return not isinstance(item, StepReport)

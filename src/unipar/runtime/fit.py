@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
+from unipar import validate
+from unipar.errors import UnsupportedPlanError
 from unipar.job import Job
 from unipar.plan import Plan, Strategy
 from unipar.ray_session import ray_session
 from unipar.runtime.checkpoint import ensure_writable, resume_point
 from unipar.runtime.config import RunConfig, default_run_dir
 from unipar.runtime.controller import Callback, Controller
+from unipar.runtime.elastic import ElasticController
+from unipar.runtime.elastic_plan import require_resizable, resize_plan, sizes_that_work
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.progress import format_summary
 from unipar.runtime.worker_group import check_cluster_resources
@@ -31,6 +35,7 @@ class FitResult:
     wall_time_s: float
     plan: Plan
     explanation: str | None = None  # the planner's, when it chose the plan
+    resizes: tuple[Any, ...] = ()  # the elastic gang's ResizeEvents, in order
 
     @property
     def losses(self) -> list[float]:
@@ -51,13 +56,14 @@ class FitResult:
             failures=self.failures,
             checkpoint=str(self.final_checkpoint),
             metrics_path=str(self.metrics_path),
+            resizes=[str(event) for event in self.resizes],
         )
 
 
 def fit(
     job: Job,
     *,
-    workers: int = 2,
+    workers: int | tuple[int, int] = 2,
     plan: Plan | Strategy | str | None = None,
     cpus_per_worker: float = 1.0,
     gpus_per_worker: float = 0.0,
@@ -71,12 +77,20 @@ def fit(
     progress: bool = True,
     placement_timeout_s: float = 60.0,
     callbacks: Sequence[Callback] = (),
+    elastic: bool = True,
+    snapshot_every: int | None = None,
 ) -> FitResult:
     """Train ``job`` on ``workers`` Ray worker processes and return its history.
 
     ``plan``: a :class:`Plan`; or a :class:`Strategy` (``"auto"``, ``"ddp"``, ``"fsdp"``,
     ``"tp"``, ``"pp"``) for the planner to complete on the connected cluster, its
     explanation printed before training; ``None``: data parallel over ``workers``.
+
+    ``workers``: a number, or a range ``(least, most)``: the run starts on as many as
+    the cluster has room for, shrinks when workers are lost or their node drains, and
+    grows when room comes back (see :mod:`unipar.runtime.elastic`); a fixed number
+    recovers live too, with a replacement worker. ``elastic=False``: the old restart
+    of the whole gang from the newest disk checkpoint.
 
     Joins the Ray instance of this process if there is one, else ``address``, else
     starts an embedded local cluster. Every input is checked (:mod:`unipar.validate`)
@@ -85,8 +99,12 @@ def fit(
     saying so, when other jobs hold the resources this run needs.
     """
     check_fit_inputs(job, plan, callbacks, address)
+    least, most = validate.worker_range(workers)
     config = RunConfig(
-        workers=workers,
+        workers=most,
+        min_workers=least,
+        elastic=elastic,
+        snapshot_every=snapshot_every,
         cpus_per_worker=cpus_per_worker,
         gpus_per_worker=gpus_per_worker,
         run_dir=default_run_dir(job.name) if run_dir is None else run_dir,
@@ -99,13 +117,15 @@ def fit(
         placement_timeout_s=placement_timeout_s,
     )
     run_dir = config.run_dir.resolve()
-    config = dataclasses.replace(config, run_dir=run_dir)
+    config = replace(config, run_dir=run_dir)
     strategy = None if plan is None or isinstance(plan, Plan) else Strategy.parse(plan)
     if plan is None:
-        plan = Plan.data_parallel(workers, job.global_batch_size)
+        plan = Plan.data_parallel(most, job.global_batch_size)
     if isinstance(plan, Plan):
-        check_plan_for_run(plan, config.workers, job.global_batch_size)
+        check_plan_for_run(plan, (config.least_workers, config.workers), job.global_batch_size)
         _check_model_takes_plan(job, plan)
+        if config.elastic:
+            require_resizable(plan, config.least_workers, config.workers)
     resume_from = resume_point(config.resume, config.checkpoints)
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
     started = time.perf_counter()
@@ -113,17 +133,30 @@ def fit(
     with ray_session(address):
         check_cluster_resources(config)
         ensure_writable(config.checkpoints)
-        if strategy is not None:
+        if strategy is not None and not config.elastic:
             plan, explanation = _plan_on_live_cluster(job, config, strategy)
             print(explanation, flush=True)
-        controller = Controller(
-            job, plan, config, resume_from=resume_from, metrics=metrics, callbacks=callbacks
-        )
+        if config.elastic:
+            plan_for = _ElasticPlans(job, config, plan if strategy is None else strategy)
+            controller: Controller | ElasticController = ElasticController(
+                job,
+                config,
+                plan_for=plan_for,
+                resume_from=resume_from,
+                metrics=metrics,
+                callbacks=callbacks,
+            )
+        else:
+            controller = Controller(
+                job, plan, config, resume_from=resume_from, metrics=metrics, callbacks=callbacks
+            )
         try:
             outcome = controller.run()
         finally:
             metrics.close()
     history = tuple(controller.state.history[s] for s in sorted(controller.state.history))
+    if isinstance(controller, ElasticController):
+        plan, explanation = controller.plan or plan, plan_for.explanation
     return FitResult(
         history=history,
         final_checkpoint=outcome.final_checkpoint,
@@ -134,7 +167,42 @@ def fit(
         wall_time_s=time.perf_counter() - started,
         plan=plan,
         explanation=explanation,
+        resizes=tuple(getattr(controller, "resizes", ())),
     )
+
+
+class _ElasticPlans:
+    """The plan for each size an elastic gang takes: the planner's choice on the live
+    cluster for a strategy, else the given plan re-derived for the size."""
+
+    def __init__(self, job: Job, config: RunConfig, plan: Plan | Strategy) -> None:
+        self.job, self.config, self.plan = job, config, plan
+        self.explanation: str | None = None
+        self._plans: dict[int, Plan] = {}
+
+    def __call__(self, workers: int) -> Plan:
+        if workers not in self._plans:
+            self._plans[workers] = self._derive(workers)
+        return self._plans[workers]
+
+    def _derive(self, workers: int) -> Plan:
+        if isinstance(self.plan, Strategy):
+            sized = replace(self.config, workers=workers, min_workers=None)
+            plan, explanation = _plan_on_live_cluster(self.job, sized, self.plan)
+            if self.explanation is None:
+                print(explanation, flush=True)
+            self.explanation = explanation
+            return plan
+        if workers == self.plan.mesh.world_size:
+            return self.plan
+        resized = resize_plan(self.plan, workers)
+        if resized is None:
+            works = sizes_that_work(self.plan, 1, max(workers, self.config.workers))
+            raise UnsupportedPlanError(
+                f"the plan cannot be resharded to {workers} workers; sizes that work: "
+                f"{', '.join(map(str, works)) or 'none'}"
+            )
+        return resized
 
 
 def _check_model_takes_plan(job: Job, plan: Plan) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,11 @@ class StepMetrics:
     tokens_per_s: float
     attempt: int
     finished_at: float
+    # Dataset indices of the step's samples (not written to metrics.jsonl).
+    sample_ids: tuple[int, ...] = field(default=(), repr=False)
+    # Some rank committed the step and died before its report arrived: loss, samples and
+    # tokens are the reporting ranks' only.
+    partial: bool = False
 
 
 class StepAggregator:
@@ -40,25 +45,37 @@ class StepAggregator:
             group = self._pending[report.step]
             if len(group) == self.world_size:
                 del self._pending[report.step]
-                seconds = max(r.seconds for r in group)
-                tokens = sum(r.tokens for r in group)
-                complete.append(
-                    StepMetrics(
-                        step=report.step,
-                        loss=_mean([r.loss for r in group if r.loss is not None]),
-                        lr=group[0].lr,
-                        samples=sum(r.samples for r in group),
-                        tokens=tokens,
-                        step_time_s=seconds,
-                        tokens_per_s=tokens / seconds if seconds else 0.0,
-                        attempt=attempt,
-                        finished_at=max(r.finished_at for r in group),
-                    )
-                )
+                complete.append(_joined(group, attempt))
         return sorted(complete, key=lambda m: m.step)
+
+    def flush_below(self, step: int, attempt: int) -> list[StepMetrics]:
+        """The incomplete steps before ``step`` from the reports that arrived (some rank
+        committed them and then died before reporting)."""
+        done = [s for s in self._pending if s < step]
+        complete = [_joined(self._pending.pop(s), attempt, partial=True) for s in sorted(done)]
+        self._pending.clear()
+        return complete
 
     def reset(self) -> None:
         self._pending.clear()
+
+
+def _joined(group: list[StepReport], attempt: int, *, partial: bool = False) -> StepMetrics:
+    seconds = max(r.seconds for r in group)
+    tokens = sum(r.tokens for r in group)
+    return StepMetrics(
+        step=group[0].step,
+        loss=_mean([r.loss for r in group if r.loss is not None]),
+        lr=group[0].lr,
+        samples=sum(r.samples for r in group),
+        tokens=tokens,
+        step_time_s=seconds,
+        tokens_per_s=tokens / seconds if seconds else 0.0,
+        attempt=attempt,
+        finished_at=max(r.finished_at for r in group),
+        sample_ids=tuple(i for r in sorted(group, key=lambda r: r.rank) for i in r.sample_ids),
+        partial=partial,
+    )
 
 
 def _mean(values: list[float]) -> float:
@@ -73,16 +90,30 @@ class MetricsWriter:
         self._file: Any = None
         self._tensorboard: Any = None
 
-    def write(self, metrics: StepMetrics) -> None:
+    def _open(self) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a")  # noqa: SIM115 (closed in close())
             self._tensorboard = _tensorboard_writer(self.path.parent / "tensorboard")
-        self._file.write(json.dumps(asdict(metrics)) + "\n")
+
+    def write(self, metrics: StepMetrics) -> None:
+        self._open()
+        record = asdict(metrics)
+        del record["sample_ids"]
+        self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._tensorboard is not None:
             for name in ("loss", "lr", "tokens_per_s"):
                 self._tensorboard.add_scalar(name, getattr(metrics, name), metrics.step)
+
+    def write_event(self, record: dict[str, Any]) -> None:
+        """An event of the run (``{"event": "resize", "step": ..., "new": ...}``); in
+        TensorBoard the number of workers over the steps."""
+        self._open()
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tensorboard is not None and "new" in record:
+            self._tensorboard.add_scalar("workers", record["new"], record["step"])
 
     def close(self) -> None:
         if self._file is not None:
@@ -100,9 +131,17 @@ def _tensorboard_writer(directory: Path) -> Any:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The metrics file's records, the last one of each step (a restart repeats steps)."""
+    """The metrics file's step records, the last one of each step (a restart repeats
+    steps); event records (resizes) are left out: :func:`read_events` has them."""
     by_step: dict[int, dict[str, Any]] = {}
     for line in Path(path).read_text().splitlines():
         record = json.loads(line)
-        by_step[record["step"]] = record
+        if "event" not in record:
+            by_step[record["step"]] = record
     return [by_step[s] for s in sorted(by_step)]
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The metrics file's event records (resizes), in order."""
+    records = (json.loads(line) for line in Path(path).read_text().splitlines())
+    return [record for record in records if "event" in record]

@@ -52,6 +52,7 @@ def format_summary(
     failures: int,
     checkpoint: str,
     metrics_path: str,
+    resizes: list[str] | None = None,
 ) -> str:
     lines = [
         "unipar run summary",
@@ -61,4 +62,6 @@ def format_summary(
         f"  checkpoint    {checkpoint}",
         f"  metrics       {metrics_path}",
     ]
+    if resizes:
+        lines.insert(4, f"  resizes       {'; '.join(resizes)}")
     return "\n".join(lines)

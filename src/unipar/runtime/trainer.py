@@ -37,6 +37,7 @@ class StepReport:
     seconds: float
     lr: float
     finished_at: float  # wall clock (time.time()) when the step ended on this worker
+    sample_ids: tuple[int, ...] = ()  # dataset indices this rank counted in ``samples``
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,12 @@ class Trainer:
         world_size: int,
         device: torch.device,
         checkpoints: CheckpointPolicy,
+        dataset: object = None,
     ) -> None:
+        """``dataset``: the job's dataset if this process built it already (a worker
+        re-formed into a new gang keeps it)."""
         self.job, self.plan = job, plan
+        self.dataset = dataset
         self.rank, self.world_size = rank, world_size
         self.device = device
         self.checkpoints = checkpoints
@@ -79,7 +84,7 @@ class Trainer:
     def setup(self, resume_from: Path | None) -> int:
         """Build model, optimizer and data; load ``resume_from``. Returns the first step."""
         job = self.job
-        self.dataset = _call_user("dataset factory", job.dataset)
+        self._load_dataset()
         self.model = parallelize(
             self._build_model,
             self.plan,
@@ -95,13 +100,7 @@ class Trainer:
             for part in self.model.parts
         ]
         self.base_lrs = [[g["lr"] for g in opt.param_groups] for opt in self.optimizers]
-        sampler = GlobalBatchSampler(len(self.dataset), job.global_batch_size, job.seed)
-        self.batches = ShardedBatches(
-            sampler,
-            self.model.data_replica,
-            self.plan.mesh.data_replicas,
-            self.plan.microbatch_size,
-        )
+        self._shard_batches()
         if resume_from is not None:
             info = read_checkpoint(resume_from)
             if info.global_batch_size != job.global_batch_size:
@@ -113,6 +112,41 @@ class Trainer:
             load_checkpoint(resume_from, parts=self.model.parts, optimizers=self.optimizers)
             self.start_step = info.step
         return self.start_step
+
+    def _load_dataset(self) -> None:
+        if self.dataset is None:
+            self.dataset = _call_user("dataset factory", self.job.dataset)
+
+    def _shard_batches(self) -> None:
+        sampler = GlobalBatchSampler(len(self.dataset), self.job.global_batch_size, self.job.seed)
+        self.batches = ShardedBatches(
+            sampler,
+            self.model.data_replica,
+            self.plan.mesh.data_replicas,
+            self.plan.microbatch_size,
+        )
+
+    def adopt(self, previous: Trainer, step: int) -> int:
+        """Continue ``previous``'s model and optimizers (a replica at ``step`` under a
+        replicated plan) under this trainer's replicated plan: the same parameters, only
+        re-wrapped for the new process group; nothing is built, copied or loaded."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        from unipar.runtime.data_parallel import apply_ddp
+        from unipar.runtime.parallelize import ParallelModel
+
+        self.dataset = previous.dataset
+        module = previous.model.parts[0]
+        if isinstance(module, DistributedDataParallel):
+            module = module.module
+        if self.world_size > 1:
+            module = apply_ddp(module, self.device)
+        coordinates = self.plan.mesh.coordinates(self.rank)
+        self.model = ParallelModel(parts=[module], plan=self.plan, coordinates=coordinates)
+        self.optimizers, self.base_lrs = previous.optimizers, previous.base_lrs
+        self._shard_batches()
+        self.start_step = step
+        return step
 
     def _build_model(self) -> nn.Module:
         model = _call_user("model factory", self.job.model)
@@ -153,7 +187,8 @@ class Trainer:
         for optimizer in self.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        samples = sum(len(i) for i in indices) if model.counts_samples else 0
+        counted = torch.cat(indices).tolist() if model.counts_samples and indices else []
+        samples = len(counted)
         return StepReport(
             step=step,
             rank=self.rank,
@@ -163,7 +198,13 @@ class Trainer:
             seconds=time.perf_counter() - started,
             lr=lr,
             finished_at=time.time(),
+            sample_ids=tuple(counted),
         )
+
+    def drop_step(self) -> None:
+        """Forget the gradients of a step that failed part-way (a peer was lost)."""
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
 
     @staticmethod
     def _tokens_per_sample(micro: list[tuple[torch.Tensor, torch.Tensor]]) -> int:

@@ -29,7 +29,7 @@ class WorkerInfo:
 def check_cluster_resources(config: RunConfig) -> None:
     """Fail at once, before anything starts, when the cluster is too small in total."""
     needs = {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker}
-    require_resources(needs, config.workers, "worker")
+    require_resources(needs, config.least_workers, "worker")
 
 
 class WorkerGroup:

@@ -1,0 +1,437 @@
+"""The elastic controller: lose, gain and give back workers while the job trains.
+
+One *formation* is a set of live :class:`ElasticWorker` processes joined in one
+process group under one plan. The controller follows its step reports and:
+
+- **loss** (a process killed, a node removed): Ray reports the dead actor within the
+  poll interval; the survivors' step fails in its collective, they drop it and end
+  their stream with the step they committed. The state comes from memory: under a
+  replicated plan (data parallel) from the survivor with the most committed steps
+  (a survivor cannot be behind: a step is committed only after its gradient
+  all-reduce completed everywhere; alone in the new gang they keep their model as it is),
+  under a sharded plan from the newest in-memory snapshot (taken as often as 2% of the
+  training time allows, or every ``snapshot_every`` steps; the steps since are redone,
+  on the same samples, so with the same losses);
+- **grow**: when the free resources of the cluster hold another worker, new workers
+  start (import torch, build the dataset) while the formation trains; once they are
+  up, the gang stops at the next step boundary, snapshots its state to memory and
+  re-forms with them: no step lost;
+- **drain**: a node that Ray is draining (preemption notice, autoscaler scale-down)
+  has its workers leave the same way, at a step boundary: no step lost.
+
+After each event the plan is derived again for the new size (the planner, for a
+strategy; :func:`resize_plan` for a given plan), a fresh rendezvous is handed out
+and the workers (survivors keep their processes) rebuild the model on the meta device
+and load the state with DCP's resharding from bytes held in Ray's object store.
+Progress is counted in optimizer steps of a fixed global batch, so the data order,
+the LR schedule and the checkpoint steps do not depend on the number of workers.
+Disk checkpoints remain the last resort (a sharded plan without a snapshot).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+
+from unipar.errors import ResourceError, TrainingFailedError, UniparError, UserCodeError
+from unipar.job import Job
+from unipar.plan import Plan
+from unipar.runtime.checkpoint import latest_checkpoint
+from unipar.runtime.config import RunConfig
+from unipar.runtime.controller import Callback, RunState, WorkerLost
+from unipar.runtime.elastic_worker import (
+    ElasticWorker,
+    Finished,
+    Interrupted,
+    Paused,
+    is_stream_end,
+    replicated,
+)
+from unipar.runtime.gang import PROCESS_LOST, Member, Stream, Supervisor, on_draining_nodes
+from unipar.runtime.metrics import MetricsWriter, StepAggregator
+from unipar.runtime.progress import ProgressBar
+from unipar.runtime.rendezvous import RendezvousHost
+from unipar.runtime.snapshot import SnapshotPart
+from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
+from unipar.runtime.worker_group import WorkerInfo
+
+_CLUSTER_CHECK_S = 1.0  # how often the cluster is asked for free room and draining nodes
+_SURVIVOR_GRACE_S = 30.0  # survivors still not done this long after a loss are given up
+_GRACE_S = 3.0  # after a failed step, how long to wait for Ray to report a lost peer
+
+
+@dataclass(frozen=True)
+class ResizeEvent:
+    """The gang went from ``old`` to ``new`` workers before step ``step``."""
+
+    step: int
+    old: int
+    new: int
+    reason: str
+    seconds: float  # from the event (loss seen, stop requested) to the new gang formed
+
+    def __str__(self) -> str:
+        return f"{self.old}\u2192{self.new} at step {self.step}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a new formation takes its state from."""
+
+    step: int
+    snapshot: list[ray.ObjectRef] | None = None
+    resume_from: Path | None = None
+    keep: frozenset[int] = frozenset()  # pids of survivors that hold the state already
+
+
+@dataclass
+class _End:
+    """How a formation ended."""
+
+    streams: list[Stream]
+    dead: list[Member]
+    leaving: list[Member]
+    joiners: list[Member]
+    reason: str
+    began: float  # when the event that ended it was seen
+
+
+class ElasticController:
+    def __init__(
+        self,
+        job: Job,
+        config: RunConfig,
+        *,
+        plan_for: Callable[[int], Plan],
+        resume_from: Path | None,
+        metrics: MetricsWriter,
+        callbacks: Sequence[Callback] = (),
+    ) -> None:
+        self.job, self.config, self.plan_for = job, config, plan_for
+        self.resume_from = resume_from
+        self.metrics, self.callbacks = metrics, callbacks
+        self.policy = CheckpointPolicy(
+            directory=config.checkpoints.resolve(),
+            every=config.checkpoint_interval(job.steps),
+            keep=config.keep_checkpoints,
+        )
+        self.state = RunState()
+        self.resizes: list[ResizeEvent] = []
+        self.bar = ProgressBar(job.steps, enabled=config.progress)
+        self.host = RendezvousHost()
+        self.workers: list[WorkerInfo] = []
+        self.plan: Plan | None = None
+        self._snapshot: tuple[int, list[SnapshotPart]] | None = None
+        needs = {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker}
+        self.supervisor = Supervisor(self._make_actor, needs)
+
+    def _make_actor(self):  # type: ignore[no-untyped-def]
+        config = self.config
+        return (
+            ray.remote(ElasticWorker)
+            .options(
+                num_cpus=config.cpus_per_worker,
+                num_gpus=config.gpus_per_worker,
+                max_restarts=0,
+            )
+            .remote(
+                self.job,
+                threads=max(1, int(config.cpus_per_worker)),
+                use_gpu=bool(config.gpus_per_worker),
+                checkpoints=self.policy,
+            )
+        )
+
+    # -- the run ---------------------------------------------------------------------
+
+    def run(self) -> TrainOutcome:
+        config = self.config
+        members: list[Member] = []
+        try:
+            wanted = max(config.least_workers, min(config.workers, self.supervisor.room()))
+            members = self.supervisor.start(wanted, config.placement_timeout_s)
+            members = self._at_least_min(members)
+            source = _Source(step=0, resume_from=self.resume_from)
+            while True:
+                end = self._formation(members, source)
+                finished = [s.result for s in end.streams if isinstance(s.result, Finished)]
+                if finished:  # past the final barrier: every rank finished
+                    self.supervisor.kill(end.joiners)
+                    return finished[0].outcome
+                members, source = self._reform(members, end)
+        finally:
+            self.supervisor.cancel_pending()
+            self.supervisor.kill(members)
+            self.host.close()
+            self.bar.close()
+
+    def _at_least_min(self, members: list[Member]) -> list[Member]:
+        """``members``, topped up to ``min_workers`` with new ones (waiting for room)."""
+        config = self.config
+        missing = config.least_workers - len(members)
+        if missing > 0:
+            members = members + self.supervisor.start(missing, config.placement_timeout_s)
+        if len(members) < config.least_workers:
+            self.supervisor.kill(members)
+            raise ResourceError(
+                f"only {len(members)} workers could be started within "
+                f"{config.placement_timeout_s:g} s, fewer than min_workers="
+                f"{config.least_workers}; free resources now: {ray.available_resources()}; "
+                "lower the minimum or free resources"
+            )
+        return members
+
+    def _formation(self, members: list[Member], source: _Source) -> _End:
+        config = self.config
+        size = len(members)
+        plan = self.plan = self.plan_for(size)
+        rendezvous = self.host.new(size, config.collective_timeout_s)
+        self.state.attempt = rendezvous.generation - 1
+        self.workers = [
+            WorkerInfo(rank, m.pid, m.node_ip, m.node_id) for rank, m in enumerate(members)
+        ]
+        forms = [
+            member.actor.form.remote(
+                rendezvous,
+                plan,
+                rank,
+                start_step=source.step,
+                snapshot=source.snapshot,
+                resume_from=source.resume_from,
+                timeout_s=config.collective_timeout_s,
+                keep=member.pid in source.keep,
+            )
+            for rank, member in enumerate(members)
+        ]
+        start = self._wait_formed(forms, members)
+        self._pending_parts: dict[int, list[SnapshotPart]] = {}  # parts of this gang only
+        self.aggregator = StepAggregator(size)
+        self.bar.start_at(start)
+        every = self._snapshot_every(plan)
+        streams = [Stream(m, m.actor.train.remote(every)) for m in members]
+        return self._follow(streams, members)
+
+    def _snapshot_every(self, plan: Plan) -> int | None:
+        """Replicated state needs no snapshot (any survivor has it all); sharded state is
+        snapshotted as often as 2% of the training time allows, unless set."""
+        if self.config.snapshot_every is not None:
+            return self.config.snapshot_every
+        return 0 if replicated(plan) else None
+
+    def _wait_formed(self, forms: list[ray.ObjectRef], members: list[Member]) -> int:
+        try:
+            starts = ray.get(forms)
+        except PROCESS_LOST as error:
+            # A worker died while the gang formed: the others wait in the rendezvous;
+            # the source of the state is still held here, so start them all afresh.
+            self.supervisor.kill(members)
+            raise TrainingFailedError(
+                f"a worker died while the gang formed ({error}); raise max_failures or "
+                "check the workers' logs"
+            ) from error
+        except ray.exceptions.RayTaskError as error:
+            cause = error.cause if isinstance(error.cause, BaseException) else error
+            if isinstance(cause, UniparError):
+                raise cause from None
+            raise UserCodeError(f"a worker failed to form the gang:\n{error}") from None
+        return int(starts[0])
+
+    def _follow(self, streams: list[Stream], members: list[Member]) -> _End:
+        config = self.config
+        interval = config.poll_interval_s
+        dead: list[Member] = []
+        leaving: list[Member] = []
+        joiners: list[Member] = []
+        reason, began = "", 0.0
+        stop_requested = False
+        interrupted_at: float | None = None
+        next_check = time.monotonic() + _CLUSTER_CHECK_S
+        while running := [s for s in streams if not s.done]:
+            ray.wait([s.handle for s in running], num_returns=1, timeout=interval)
+            reports: list[StepReport] = []
+            for stream in running:
+                try:
+                    items = stream.take_ready(is_last=is_stream_end)
+                except PROCESS_LOST as error:
+                    stream.done = True
+                    dead.append(stream.member)
+                    if not reason:
+                        reason = f"worker lost on node {stream.member.node_ip}"
+                        began = time.monotonic()
+                        self._lost(members.index(stream.member), error)
+                    continue
+                for item in items:
+                    if isinstance(item, StepReport):
+                        reports.append(item)
+                    elif isinstance(item, SnapshotPart):
+                        self._add_snapshot_part(item, len(members))
+            self._record(reports)
+            now = time.monotonic()
+            if interrupted_at is None and any(isinstance(s.result, Interrupted) for s in streams):
+                interrupted_at = now
+            if not dead and interrupted_at is not None and now - interrupted_at > _GRACE_S:
+                # A step failed with no peer lost: the job's code raised on some rank and
+                # the others wait in a collective; stop them (the error is raised next).
+                self.supervisor.kill([s.member for s in streams if not s.done])
+                break
+            if dead and now - began > _SURVIVOR_GRACE_S:
+                stuck = [s.member for s in streams if not s.done]
+                self.supervisor.kill(stuck)
+                dead += stuck
+                for stream in streams:
+                    stream.done = True
+            if not dead and not stop_requested and now >= next_check:
+                next_check = now + _CLUSTER_CHECK_S
+                leaving = on_draining_nodes(members)
+                if leaving:
+                    reason = f"node {leaving[0].node_ip} draining"
+                else:
+                    joiners += self.supervisor.take_started()
+                    reason = self._grow(len(members), joiners)
+                if reason:
+                    began, stop_requested = now, True
+                    self.host.request_stop()
+            if reports and running and not dead:
+                time.sleep(max(0.0, interval - (time.monotonic() - now)))
+        return _End(streams, dead, leaving, joiners, reason, began)
+
+    def _grow(self, size: int, joiners: list[Member]) -> str:
+        """Start workers in the background while there is room; once they are up,
+        the reason to re-form with them (else "")."""
+        room_left = self.config.workers - size - len(joiners) - len(self.supervisor.pending)
+        if room_left > 0 and not self.supervisor.pending:
+            free = self.supervisor.room()
+            if free > 0:
+                self.supervisor.start_in_background(min(free, room_left))
+        if joiners and not self.supervisor.pending:
+            return "resources free"
+        return ""
+
+    def _lost(self, rank: int, error: BaseException) -> None:
+        lost = WorkerLost(rank, error)
+        self.state.failures += 1
+        for callback in self.callbacks:
+            callback.on_failure(lost, self.state.attempt)
+        if self.state.failures > self.config.max_failures:
+            raise TrainingFailedError(
+                f"workers failed {self.state.failures} times, more than max_failures="
+                f"{self.config.max_failures}; last: {lost}. Check the workers' logs, or raise "
+                "max_failures"
+            ) from error
+
+    def _add_snapshot_part(self, part: SnapshotPart, size: int) -> None:
+        parts = self._pending_parts
+        parts.setdefault(part.step, []).append(part)
+        if len(parts[part.step]) == size:
+            self._snapshot = (part.step, parts.pop(part.step))
+            for step in [s for s in parts if s < part.step]:
+                del parts[step]
+
+    # -- re-forming ------------------------------------------------------------------
+
+    def _reform(self, members: list[Member], end: _End) -> tuple[list[Member], _Source]:
+        ends = [s.result for s in end.streams if s.member not in end.dead]
+        failed = [e for e in ends if isinstance(e, Interrupted)]
+        if failed and not end.dead:
+            self.supervisor.kill(members + end.joiners)
+            error = failed[0].error
+            if isinstance(error, UniparError):
+                raise error
+            raise UserCodeError(f"a worker raised:\n{failed[0].trace}") from None
+        gone = end.dead + end.leaving
+        self.supervisor.kill(end.dead)
+        survivors = [m for m in members if m not in gone]
+        new = self._at_least_min(survivors + end.joiners)
+        new = new[: self._usable(len(new))]
+        source = self._state_source(members, end, new)
+        self.supervisor.kill(end.leaving + [m for m in survivors + end.joiners if m not in new])
+        self.aggregator_flush(source.step)
+        event = ResizeEvent(
+            source.step, len(members), len(new), end.reason, time.monotonic() - end.began
+        )
+        self.resizes.append(event)
+        self.metrics.write_event({"event": "resize", **_event_record(event)})
+        self.bar.note(f"[unipar] resize {event}")
+        for callback in self.callbacks:
+            callback.on_resize(event)
+        return new, source
+
+    def _usable(self, size: int) -> int:
+        """The largest size up to ``size`` that the plan can be derived for."""
+        for n in range(size, self.config.least_workers - 1, -1):
+            try:
+                self.plan_for(n)
+                return n
+            except UniparError:
+                continue
+        return size  # plan_for raises the reason when the gang forms
+
+    def _state_source(self, members: list[Member], end: _End, new: list[Member]) -> _Source:
+        ends = {s.member.pid: s.result for s in end.streams}
+        if not end.dead:
+            step = next(e.step for e in ends.values() if isinstance(e, Paused))
+            if self._snapshot is not None and self._snapshot[0] == step:
+                return self._from_snapshot()
+            return _Source(0, resume_from=self.resume_from)  # paused before the first step
+        survivors = [m for m in members if m not in end.dead]
+        committed = {m.pid: _committed(ends.get(m.pid)) for m in survivors}
+        assert self.plan is not None
+        if replicated(self.plan) and max(committed.values(), default=0) > 0:
+            # Replicas: those with the most committed steps hold the whole state. If the
+            # new gang is only them under a replicated plan, they keep it as it is;
+            # otherwise one of them writes it to memory for all.
+            top = max(committed.values())
+            holders = [m for m in survivors if committed.get(m.pid) == top]
+            if replicated(self.plan_for(len(new))) and all(m in holders for m in new):
+                return _Source(top, keep=frozenset(m.pid for m in new))
+            return _Source(top, snapshot=[holders[0].actor.export_state.remote()])
+        if self._snapshot is not None:
+            return self._from_snapshot()
+        newest = latest_checkpoint(self.policy.directory) or self.resume_from
+        return _Source(0, resume_from=newest)
+
+    def _from_snapshot(self) -> _Source:
+        assert self._snapshot is not None
+        step, parts = self._snapshot
+        return _Source(step, snapshot=[ray.put(part) for part in parts])
+
+    # -- progress --------------------------------------------------------------------
+
+    def aggregator_flush(self, below: int) -> None:
+        """Record steps below ``below`` that some rank committed but whose reports are
+        incomplete (a rank died after the step): their loss is the reporting ranks'."""
+        self._record_metrics(self.aggregator.flush_below(below, self.state.attempt))
+
+    def _record(self, reports: list[StepReport]) -> None:
+        self._record_metrics(self.aggregator.add(reports, self.state.attempt))
+
+    def _record_metrics(self, completed) -> None:  # type: ignore[no-untyped-def]
+        for metrics in completed:
+            self.state.history[metrics.step] = metrics
+            self.metrics.write(metrics)
+            self.bar.update(metrics)
+            for callback in self.callbacks:
+                callback.on_step(metrics, self.workers)
+
+
+def _committed(end: object) -> int:
+    """Steps a survivor committed, from how its stream ended (-1: unknown)."""
+    if isinstance(end, Interrupted):
+        return end.committed
+    if isinstance(end, Paused):
+        return end.step
+    return -1
+
+
+def _event_record(event: ResizeEvent) -> dict[str, object]:
+    return {
+        "step": event.step,
+        "old": event.old,
+        "new": event.new,
+        "reason": event.reason,
+        "seconds": round(event.seconds, 3),
+    }

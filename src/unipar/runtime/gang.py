@@ -1,0 +1,169 @@
+"""A gang of worker actors and what the cluster does to it: the generic supervisor.
+
+Nothing here knows what the workers compute (no torch): it starts actors, follows
+the streams of results they send, tells which actor's process is gone, how many more
+actors the cluster has room for now, and which actors sit on a node that Ray is
+draining (spot preemption, autoscaler scale-down, ``ray drain-node``). The torch
+runtime's elastic controller drives it; any other gang (XGBoost's) can: an actor
+class only needs a ``describe()`` method returning ``(pid, node_ip, node_id)``.
+
+Cluster state comes from Ray's GCS: free resources per node
+(``ray._private.state.available_resources_per_node``) and draining nodes
+(``GlobalState.get_draining_nodes``, set by the GCS ``DrainNode`` call that
+autoscaler v2 and ``ray drain-node`` make).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import (
+    ActorDiedError,
+    ActorUnavailableError,
+    GetTimeoutError,
+    NodeDiedError,
+    OutOfMemoryError,
+    RayActorError,
+    WorkerCrashedError,
+)
+
+PROCESS_LOST = (
+    ActorDiedError,
+    ActorUnavailableError,
+    RayActorError,
+    NodeDiedError,
+    OutOfMemoryError,
+    WorkerCrashedError,
+)
+
+
+@dataclass
+class Member:
+    """One actor of the gang, and where it runs."""
+
+    actor: Any
+    pid: int
+    node_ip: str
+    node_id: str
+    joined_at: float = field(default_factory=time.monotonic)
+
+
+class Stream:
+    """One member's call in flight: a plain result (an ObjectRef) or a Ray generator
+    of items ending with the call's result. ``take_ready`` returns the items that have
+    arrived and sets ``result`` when the call ends; it raises the worker's error, or one
+    of :data:`PROCESS_LOST` when the member's process is gone."""
+
+    def __init__(self, member: Member, handle: Any) -> None:
+        self.member, self.handle = member, handle
+        self.done = False
+        self.result: object = None
+
+    def take_ready(self, *, is_last: Callable[[object], bool]) -> list[object]:
+        if isinstance(self.handle, ray.ObjectRef):
+            if ray.wait([self.handle], timeout=0)[0]:
+                self.result, self.done = ray.get(self.handle), True
+            return []
+        items: list[object] = []
+        while not self.done and ray.wait([self.handle], timeout=0)[0]:
+            ref = next(self.handle)
+            item = ray.get(ref)
+            if is_last(item):
+                self.result, self.done = item, True
+            else:
+                items.append(item)
+        return items
+
+
+def describe_all(actors: Sequence[Any], timeout_s: float) -> list[Member | None]:
+    """Members for ``actors`` once their constructors ran (``None`` for an actor that
+    died or did not start within ``timeout_s``)."""
+    refs = [actor.describe.remote() for actor in actors]
+    ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    members: list[Member | None] = []
+    for actor, ref in zip(actors, refs, strict=True):
+        try:
+            pid, node_ip, node_id = ray.get(ref, timeout=0)
+            members.append(Member(actor, pid, node_ip, node_id))
+        except (GetTimeoutError, *PROCESS_LOST):
+            ray.kill(actor, no_restart=True)
+            members.append(None)
+    return members
+
+
+class Supervisor:
+    """Starts members of one kind and watches the cluster around them.
+
+    ``make_actor()`` creates one actor (not yet started); ``needs`` are its resources
+    (``{"CPU": 1}``), used to count how many more fit on the live, non-draining nodes.
+    """
+
+    def __init__(self, make_actor: Callable[[], Any], needs: dict[str, float]) -> None:
+        self.make_actor = make_actor
+        self.needs = {k: v for k, v in needs.items() if v}
+        self.pending: list[tuple[Any, Any]] = []  # (actor, describe ref) starting up
+
+    def start(self, count: int, timeout_s: float) -> list[Member]:
+        """Start ``count`` members and wait for them (those that fail are left out)."""
+        started = describe_all([self.make_actor() for _ in range(count)], timeout_s)
+        return [member for member in started if member is not None]
+
+    def start_in_background(self, count: int) -> None:
+        """Start ``count`` members without waiting; :meth:`take_started` collects them."""
+        for _ in range(count):
+            actor = self.make_actor()
+            self.pending.append((actor, actor.describe.remote()))
+
+    def take_started(self) -> list[Member]:
+        """Members started in the background whose constructors have run (lost ones
+        are dropped)."""
+        started, still = [], []
+        for actor, ref in self.pending:
+            if not ray.wait([ref], timeout=0)[0]:
+                still.append((actor, ref))
+                continue
+            try:
+                started.append(Member(actor, *ray.get(ref)))
+            except PROCESS_LOST:
+                ray.kill(actor, no_restart=True)
+        self.pending = still
+        return started
+
+    def cancel_pending(self) -> None:
+        for actor, _ in self.pending:
+            ray.kill(actor, no_restart=True)
+        self.pending = []
+
+    def room(self) -> int:
+        """How many more members the free resources of live, non-draining nodes hold."""
+        draining = draining_nodes()
+        free = ray._private.state.available_resources_per_node()
+        total = 0
+        for node_id, resources in free.items():
+            if node_id in draining:
+                continue
+            total += min(
+                (int(resources.get(name, 0.0) // each) for name, each in self.needs.items()),
+                default=0,
+            )
+        return total
+
+    @staticmethod
+    def kill(members: Sequence[Member]) -> None:
+        for member in members:
+            ray.kill(member.actor, no_restart=True)
+
+
+def draining_nodes() -> set[str]:
+    """Hex ids of the nodes Ray is draining."""
+    return set(ray._private.state.state.get_draining_nodes())
+
+
+def on_draining_nodes(members: Sequence[Member]) -> list[Member]:
+    """The members whose node Ray is draining."""
+    draining = draining_nodes()
+    return [member for member in members if member.node_id in draining] if draining else []

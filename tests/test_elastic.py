@@ -1,0 +1,172 @@
+"""Elastic training on the session's Ray: a data-parallel gang loses a worker
+(SIGKILL), goes on with the survivor, and grows back to two workers when the freed
+CPU is free again, all without a disk checkpoint.
+
+Losses equal an uninterrupted two-worker run within 1e-5 (relative): with one worker
+the same micro-batches are computed (micro-batch size kept) and their gradients
+accumulated instead of all-reduced, so only the order of a float sum differs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+import time
+
+import pytest
+import ray.cloudpickle
+import torch
+
+from unipar import Callback, fit
+from unipar.data.sampler import GlobalBatchSampler
+from unipar.job import Job, OptimizerSpec
+from unipar.models.mlp import MLP, MLPConfig
+from unipar.plan import Plan
+from unipar.plan.representation import Mesh
+from unipar.runtime.checkpoint import list_checkpoints
+from unipar.runtime.metrics import read_events
+from unipar.testing import RandomRegression, mse_loss
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+STEPS = 250
+BATCH = 8
+
+
+class SlowRegression(RandomRegression):
+    """Each sample takes a few milliseconds, so a step lasts long enough for a worker to
+    start while the gang trains."""
+
+    def __getitem__(self, index: int):  # type: ignore[no-untyped-def]
+        time.sleep(0.006)
+        return super().__getitem__(index)
+
+
+def slow_mlp_job(steps: int = STEPS) -> Job:
+    config = MLPConfig(in_features=16, hidden=32, layers=2, out_features=4, expansion=4)
+    return Job(
+        name="elastic-mlp",
+        model=functools.partial(MLP, config),
+        dataset=functools.partial(SlowRegression, 512, 16, 4),
+        global_batch_size=BATCH,
+        steps=steps,
+        optimizer=OptimizerSpec(lr=1e-2),
+        loss=mse_loss,
+    )
+
+
+class KillOnce(Callback):
+    """SIGKILL worker ``rank`` once step ``at`` is recorded; note what the disk held."""
+
+    def __init__(self, at: int, rank: int, checkpoints) -> None:  # type: ignore[no-untyped-def]
+        self.at, self.rank, self.checkpoints = at, rank, checkpoints
+        self.killed_at: int | None = None
+        self.on_disk_at_kill: list = []
+        self.resizes: list = []
+
+    def on_step(self, metrics, workers):  # type: ignore[no-untyped-def]
+        if self.killed_at is None and metrics.step >= self.at and len(workers) > self.rank:
+            self.killed_at = metrics.step
+            self.on_disk_at_kill = list_checkpoints(self.checkpoints)
+            os.kill(workers[self.rank].pid, signal.SIGKILL)
+
+    def on_resize(self, event):  # type: ignore[no-untyped-def]
+        self.resizes.append(event)
+
+
+def _check_samples(result, job: Job) -> None:
+    """Every step once, each with exactly its global batch's samples. A step that a
+    worker committed and then died before its report arrived is recorded from the
+    survivors' reports only (``partial``): its samples are a part of the batch (the
+    whole batch was consumed: the step's all-reduce completed on every rank)."""
+    sampler = GlobalBatchSampler(512, job.global_batch_size, job.seed)
+    assert [m.step for m in result.history] == list(range(job.steps))
+    for metrics in result.history:
+        expected = sorted(sampler.global_indices(metrics.step).tolist())
+        if metrics.partial:
+            assert set(metrics.sample_ids) < set(expected), f"step {metrics.step}"
+        else:
+            assert sorted(metrics.sample_ids) == expected, f"step {metrics.step}"
+    assert sum(m.partial for m in result.history) <= len(result.resizes)
+
+
+RUN = dict(checkpoint_every=10_000, progress=False)
+
+
+@pytest.fixture(scope="module")
+def dp_reference(ray_cluster, tmp_path_factory):  # type: ignore[no-untyped-def]
+    run_dir = tmp_path_factory.mktemp("reference")
+    return fit(slow_mlp_job(), workers=2, run_dir=run_dir, elastic=False, **RUN)
+
+
+def _assert_same_losses(result, reference) -> None:  # type: ignore[no-untyped-def]
+    """Equal losses, except on a ``partial`` step (see :func:`_check_samples`)."""
+    whole = [i for i, m in enumerate(result.history) if not m.partial]
+    torch.testing.assert_close(
+        torch.tensor(result.losses)[whole],
+        torch.tensor(reference.losses)[whole],
+        rtol=1e-5,
+        atol=1e-7,
+    )
+
+
+def _run_shrink_and_grow(tmp_path, plan, reference=None, *, snapshot_every=None):  # type: ignore[no-untyped-def]
+    job = slow_mlp_job()
+    run = dict(plan=plan, **RUN)
+    if reference is None:
+        reference = fit(job, workers=2, run_dir=tmp_path / "ref", elastic=False, **run)
+    killer = KillOnce(at=8, rank=1, checkpoints=tmp_path / "elastic" / "checkpoints")
+    result = fit(
+        job,
+        workers=(1, 2),
+        run_dir=tmp_path / "elastic",
+        callbacks=[killer],
+        snapshot_every=snapshot_every,
+        **run,
+    )
+    assert killer.killed_at is not None
+    # No checkpoint was on disk when the worker died: the state came from memory.
+    assert killer.on_disk_at_kill == []
+    sizes = [(e.old, e.new) for e in result.resizes]
+    assert sizes[:2] == [(2, 1), (1, 2)], result.resizes
+    assert "worker lost" in result.resizes[0].reason
+    assert result.resizes[1].reason == "resources free"
+    events = read_events(result.metrics_path)
+    assert [(e["old"], e["new"]) for e in events][:2] == [(2, 1), (1, 2)]
+    _check_samples(result, job)
+    _assert_same_losses(result, reference)
+    assert "2\u21921 at step" in result.summary()
+    return result
+
+
+def test_data_parallel_shrinks_and_grows_live(dp_reference, tmp_path):
+    result = _run_shrink_and_grow(tmp_path, None, dp_reference)
+    # Data parallel: the survivor's own state, no step lost.
+    assert result.resizes[0].step >= 8
+
+
+def test_fixed_size_recovers_live_with_a_replacement(dp_reference, tmp_path):
+    job = slow_mlp_job()
+    killer = KillOnce(at=8, rank=0, checkpoints=tmp_path / "checkpoints")
+    result = fit(job, workers=2, run_dir=tmp_path, callbacks=[killer], **RUN)
+    assert killer.killed_at is not None and killer.on_disk_at_kill == []
+    assert [(e.old, e.new) for e in result.resizes] == [(2, 2)]
+    assert result.failures == 1
+    _check_samples(result, job)
+    _assert_same_losses(result, dp_reference)
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        Plan(mesh=Mesh(fsdp=2), microbatch_size=4),
+        Plan(mesh=Mesh(pp=2), microbatch_size=2, num_microbatches=4, stage_boundaries=(2,)),
+    ],
+    ids=["fsdp", "pp"],
+)
+def test_sharded_plans_shrink_and_grow_from_memory(ray_cluster, tmp_path, plan):
+    result = _run_shrink_and_grow(tmp_path, plan, snapshot_every=5)
+    # Rolled back at most to the last snapshot: steps redone, same losses, same samples.
+    assert result.resizes[0].step % 5 == 0
