@@ -18,8 +18,14 @@ def llama():  # type: ignore[no-untyped-def]
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=64, use_cache=False,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        use_cache=False,
         attention_dropout=0.0,
     )
     return LlamaForCausalLM(config)
@@ -29,9 +35,16 @@ def qwen2():  # type: ignore[no-untyped-def]
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=64, use_cache=False,
-        attention_dropout=0.0, tie_word_embeddings=True,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        use_cache=False,
+        attention_dropout=0.0,
+        tie_word_embeddings=True,
     )
     return Qwen2ForCausalLM(config)
 
@@ -40,8 +53,17 @@ def gpt2():  # type: ignore[no-untyped-def]
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        n_embd=32, n_layer=4, n_head=4, vocab_size=VOCAB, n_positions=64, use_cache=False,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+        n_embd=32,
+        n_layer=4,
+        n_head=4,
+        vocab_size=VOCAB,
+        n_positions=64,
+        use_cache=False,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     return GPT2LMHeadModel(config)
 

@@ -101,22 +101,27 @@ def fit(
         _check_plan(job, plan)
         _check_model_takes_plan(job, plan)
     resume_from = _resume_point(config)
+    created = _missing_directories(config.checkpoints, run_dir)
     ensure_writable(config.checkpoints)
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
     started = time.perf_counter()
     explanation = None
-    with ray_session(address):
-        check_cluster_resources(config)
-        if strategy is not None:
-            plan, explanation = _plan_on_live_cluster(job, config, strategy)
-            print(explanation, flush=True)
-        controller = Controller(
-            job, plan, config, resume_from=resume_from, metrics=metrics, callbacks=callbacks
-        )
-        try:
-            outcome = controller.run()
-        finally:
-            metrics.close()
+    try:
+        with ray_session(address):
+            check_cluster_resources(config)
+            if strategy is not None:
+                plan, explanation = _plan_on_live_cluster(job, config, strategy)
+                print(explanation, flush=True)
+            controller = Controller(
+                job, plan, config, resume_from=resume_from, metrics=metrics, callbacks=callbacks
+            )
+            try:
+                outcome = controller.run()
+            finally:
+                metrics.close()
+    except BaseException:
+        _remove_if_empty(created)  # a failed start leaves no empty run directory behind
+        raise
     history = tuple(controller.state.history[s] for s in sorted(controller.state.history))
     return FitResult(
         history=history,
@@ -129,6 +134,24 @@ def fit(
         plan=plan,
         explanation=explanation,
     )
+
+
+def _missing_directories(*paths: Path) -> list[Path]:
+    """The directories among ``paths`` and their parents that do not exist yet."""
+    missing: set[Path] = set()
+    for path in paths:
+        for directory in (path, *path.parents):
+            if directory.exists():
+                break
+            missing.add(directory)
+    return sorted(missing, key=lambda p: len(p.parts), reverse=True)
+
+
+def _remove_if_empty(directories: list[Path]) -> None:
+    """Remove the (deepest first) ``directories`` this run created and left empty."""
+    for directory in directories:
+        if directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
 
 
 def _check_plan(job: Job, plan: Plan) -> None:
