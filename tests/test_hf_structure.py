@@ -154,3 +154,31 @@ def test_meta_analysis_counts_hf_blocks():
     assert kinds.count(LayerKind.BLOCK) == 4
     assert kinds[0] is LayerKind.EMBEDDING and kinds[-1] is LayerKind.HEAD
     assert all(layer.forward_flops > 0 for layer in profile.layers if layer.kind is LayerKind.BLOCK)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_plan_the_planner_ranks_is_one_the_runtime_takes(family):
+    """Across meshes of 8 devices (tp, pp, fsdp, dp and their mixes), each ranked
+    plan passes the runtime's own check on the model (built on the meta device).
+    Running them is the parity tests' part."""
+    from unipar.analysis.profile import SkipInPlaceOnMeta
+    from unipar.cluster import cluster_preset
+    from unipar.plan import Constraints, plan
+
+    job = hf_job(family, global_batch_size=16)
+    spec = job_model_spec(job)
+    with torch.device("meta"), SkipInPlaceOnMeta():
+        model = job.model()
+    cluster = cluster_preset("a100-80g", nodes=1, devices_per_node=8)
+    seen = set()
+    for pins in ({}, {"tp": 2}, {"pp": 2}, {"pp": 4}, {"pp": 2, "tp": 2}, {"fsdp": 4, "tp": 2}):
+        report = plan(spec, cluster, 16, constraints=Constraints(**pins), keep=50)
+        for candidate in report.result.ranked:
+            check_plan_for_model(model, candidate.plan)
+            mesh = candidate.plan.mesh
+            seen.add((mesh.pp > 1, mesh.tp > 1, mesh.data_replicas > 1))
+    # (pp, tp, data parallel): every mix 8 devices allow (pp <= 4 blocks, tp <= 2 heads)
+    assert seen == {(False, False, True), (False, True, True), (True, False, True)} | {
+        (True, True, False),
+        (True, True, True),
+    }
