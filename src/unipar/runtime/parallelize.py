@@ -34,7 +34,11 @@ from unipar.plan.representation import MeshCoordinates
 from unipar.runtime import stages as stage_cuts
 from unipar.runtime.data_parallel import apply_ddp, apply_fully_shard, uses_fully_shard
 from unipar.runtime.recompute import apply_recompute
-from unipar.runtime.tensor_parallel import apply_tensor_parallel, tensor_parallel_roles
+from unipar.runtime.tensor_parallel import (
+    apply_tensor_parallel,
+    placements,
+    tensor_parallel_roles,
+)
 from unipar.runtime.weights import clean_name, load_reference_weights
 
 Microbatch = tuple[torch.Tensor, torch.Tensor]
@@ -124,6 +128,10 @@ class TiedCopies:
 
     @torch.no_grad()
     def sum_gradients(self) -> None:
+        for param in self.params:  # e.g. an embedding's gradient comes back replicated
+            grad = param.grad
+            if grad is not None and placements(grad) != placements(param):
+                param.grad = grad.redistribute(grad.device_mesh, param.placements)
         grads = [_local(p.grad) for p in self.params if p.grad is not None]
         if not grads:
             return

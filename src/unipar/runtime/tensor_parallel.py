@@ -160,6 +160,8 @@ def apply_tensor_parallel(model: nn.Module, roles: dict[str, str], tp_mesh: Any)
     styles = {}
     for name, module in model.named_modules():
         role = roles.get(name)
+        if not any(True for _ in module.parameters()):
+            continue  # held by another pipeline stage: a pass-through stands in for it
         if role in ("column", "row", "fused_qkv") and hf.is_conv1d(module):
             styles[name] = _conv1d_styles()[role]()
         elif role == "column":
@@ -183,19 +185,20 @@ def _tie_again(model: nn.Module, ties: list[list[str]]) -> None:
         shared = model.get_parameter(first)
         for name in others:
             own = model.get_parameter(name)
-            if _placements(own) != _placements(shared) or own.shape != shared.shape:
+            if placements(own) != placements(shared) or own.shape != shared.shape:
                 raise UnsupportedPlanError(
                     f"parameters {first!r} and {name!r} are one tensor (tied weights), but "
                     f"the plan shards them differently under tensor parallel "
-                    f"({_placements(shared)} vs {_placements(own)}); give both layers the "
+                    f"({placements(shared)} vs {placements(own)}); give both layers the "
                     "same tensor-parallel style (the planner splits both by vocabulary)"
                 )
             owner, _, leaf = name.rpartition(".")
             setattr(model.get_submodule(owner), leaf, shared)
 
 
-def _placements(param: torch.Tensor) -> tuple:
-    return tuple(getattr(param, "placements", ()))
+def placements(tensor: torch.Tensor) -> tuple:
+    """A DTensor's placements; ``()`` for a plain tensor."""
+    return tuple(getattr(tensor, "placements", ()))
 
 
 @functools.cache
