@@ -68,7 +68,25 @@ def gpt2():  # type: ignore[no-untyped-def]
     return GPT2LMHeadModel(config)
 
 
-FAMILIES = {"llama": llama, "qwen2": qwen2, "gpt2": gpt2}
+def mistral():  # type: ignore[no-untyped-def]
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        use_cache=False,
+        attention_dropout=0.0,
+    )
+    return MistralForCausalLM(config)
+
+
+FAMILIES = {"llama": llama, "qwen2": qwen2, "gpt2": gpt2}  # trained in the parity tests
+CHECKED_ONLY = {"mistral": mistral}  # its stages and tensor-parallel roles checked
 
 
 def hf_job(family: str, *, steps: int = 3, global_batch_size: int = 8) -> Job:

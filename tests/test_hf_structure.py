@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch
-from hf_models import FAMILIES, SEQ, VOCAB, hf_job
+from hf_models import CHECKED_ONLY, FAMILIES, SEQ, VOCAB, hf_job
 from plans_for_tests import planned
 
 from unipar import ConfigError, UnsupportedPlanError
@@ -51,12 +51,12 @@ def test_planner_sees_blocks_head_and_model_facts(family):
     assert sum(s is TensorParallelStyle.MEGATRON for s in styles.values()) == 4
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [*FAMILIES, *CHECKED_ONLY])
 @pytest.mark.parametrize("cuts", [(2,), (1, 2, 3)], ids=["2-stages", "4-stages"])
 def test_stages_run_hf_forward_and_compose_to_the_whole_model(family, cuts):
     """``cuts``: the blocks where stages 2, 3, ... start."""
     torch.manual_seed(0)
-    model = FAMILIES[family]()
+    model = (FAMILIES | CHECKED_ONLY)[family]()
     names = [name for name, _ in layer_sequence(model)]
     first_block = next(i for i, name in enumerate(names) if name.endswith(".0"))
     bounds = [0, *(first_block + c for c in cuts), len(names)]
@@ -182,3 +182,37 @@ def test_every_plan_the_planner_ranks_is_one_the_runtime_takes(family):
         (True, True, False),
         (True, True, True),
     }
+
+
+def test_mistral_blocks_split_by_role_under_tp():
+    from unipar.runtime.tensor_parallel import tensor_parallel_roles
+
+    job = hf_job("llama")
+    job = type(job)(**{**job.__dict__, "model": CHECKED_ONLY["mistral"]})
+    roles = tensor_parallel_roles(job.model(), planned(job, 2, tp=2))
+    block = {k.removeprefix("model.layers.0."): v for k, v in roles.items() if ".layers.0." in k}
+    assert block == {
+        "self_attn.q_proj": "column",
+        "self_attn.k_proj": "column",
+        "self_attn.v_proj": "column",
+        "self_attn.o_proj": "row",
+        "mlp.gate_proj": "column",
+        "mlp.up_proj": "column",
+        "mlp.down_proj": "row",
+    }
+    assert roles["model.embed_tokens"] == roles["lm_head"] == "vocab"
+
+
+def test_gpt2_conv1d_and_fused_qkv_roles_under_tp():
+    from unipar.runtime.tensor_parallel import tensor_parallel_roles
+
+    job = hf_job("gpt2")
+    roles = tensor_parallel_roles(job.model(), planned(job, 2, tp=2))
+    block = {k.removeprefix("transformer.h.0."): v for k, v in roles.items() if ".h.0." in k}
+    assert block == {
+        "attn.c_attn": "fused_qkv",
+        "attn.c_proj": "row",
+        "mlp.c_fc": "column",
+        "mlp.c_proj": "row",
+    }
+    assert roles["transformer.wte"] == roles["lm_head"] == "vocab"

@@ -103,8 +103,9 @@ def cross_stage_ties(model: nn.Module, plan: Plan) -> list[list[tuple[int, str]]
     for names in tied_parameters(model):
         holders: dict[int, str] = {}
         for name in names:
-            layer = next(layer for layer in stage_of if name.startswith(f"{layer}."))
-            holders.setdefault(stage_of[layer], name)
+            layer = next((layer for layer in stage_of if name.startswith(f"{layer}.")), None)
+            if layer is not None:  # else held by a module around the layers, on every stage
+                holders.setdefault(stage_of[layer], name)
         if len(holders) > 1:
             ties.append(sorted(holders.items()))
     return ties
