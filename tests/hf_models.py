@@ -6,6 +6,9 @@ from __future__ import annotations
 import functools
 import os
 
+import torch
+from torch import nn
+
 from unipar.job import Job, OptimizerSpec
 from unipar.testing import RandomTokens
 
@@ -85,14 +88,28 @@ def mistral():  # type: ignore[no-untyped-def]
     return MistralForCausalLM(config)
 
 
+class UserModelAroundGPT2(nn.Module):
+    """A user's own module holding a Hugging Face model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gpt = gpt2()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.gpt(tokens).logits
+
+
 FAMILIES = {"llama": llama, "qwen2": qwen2, "gpt2": gpt2}  # trained in the parity tests
-CHECKED_ONLY = {"mistral": mistral}  # its stages and tensor-parallel roles checked
+CHECKED_ONLY = {
+    "mistral": mistral,
+    "gpt2-in-user-model": UserModelAroundGPT2,
+}  # its stages and tensor-parallel roles checked
 
 
 def hf_job(family: str, *, steps: int = 3, global_batch_size: int = 8) -> Job:
     return Job(
         name=f"hf-{family}",
-        model=FAMILIES[family],
+        model=(FAMILIES | CHECKED_ONLY)[family],
         dataset=functools.partial(RandomTokens, 64, SEQ, VOCAB),
         global_batch_size=global_batch_size,
         steps=steps,

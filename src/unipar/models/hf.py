@@ -8,7 +8,7 @@ unipar runs without the package and a model built from it needs no special wrapp
   (heads, key/value heads, MLP width, vocabulary), read from the model's config.
 - :func:`stage_forward`: a pipeline stage runs the model's own forward (masks, position
   ids, rotary tables, cache off) on token ids (first stage) or on the previous stage's
-  hidden states passed as ``inputs_embeds``, and returns one tensor.
+  hidden states passed as ``inputs_embeds``; the stage returns one tensor.
 - :class:`ZeroEmbedding`: stands in for a position embedding on later stages (GPT-2
   adds ``wpe(position_ids)`` to ``inputs_embeds`` on every call).
 - :func:`is_conv1d`, :func:`fused_qkv_attention`: GPT-2's ``Conv1D`` (weight stored
@@ -108,14 +108,17 @@ def output_tensor(output: Any) -> torch.Tensor:
     return output[0]
 
 
-def stage_forward(forward: Callable[..., Any], *, first: bool) -> Callable[[torch.Tensor], Any]:
-    """The forward of one pipeline stage of an HF model whose ``forward`` is ``forward``
-    (the stage's other layers replaced by pass-throughs): token ids in on the first
-    stage, the previous stage's hidden states (``inputs_embeds``) on the others."""
+def stage_forward(forward: Callable[..., Any], *, outermost: bool) -> Callable[..., Any]:
+    """The forward of an HF model in one pipeline stage (the other stages' layers
+    replaced by pass-throughs), ``forward`` being its own: token ids in on the first
+    stage, the previous stage's hidden states (floating point) as ``inputs_embeds`` on
+    the others, cache off. ``outermost``: the model is the stage itself, which returns
+    one tensor (else it sits inside the user's model, whose forward reads its output)."""
 
-    def run(x: torch.Tensor) -> torch.Tensor:
-        inputs = {"input_ids": x} if first else {"inputs_embeds": x}
-        return output_tensor(forward(**inputs, use_cache=False))
+    def run(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        key = "inputs_embeds" if x.is_floating_point() else "input_ids"
+        output = forward(*args, **{key: x, **kwargs, "use_cache": False})
+        return output_tensor(output) if outermost else output
 
     return run
 

@@ -13,9 +13,10 @@ stage's activations through). A removed block is a :class:`PassThrough`, which t
 any call signature (a Hugging Face decoder layer is called with masks and positions).
 
 A Hugging Face model's blocks sit deeper (``model.layers``, ``transformer.h``); its
-stage runs the model's own forward (:func:`unipar.models.hf.stage_forward`) with the
-other stages' layers replaced: embeddings by zeros, the rest by pass-throughs, and
-parameter-free modules holding tables (rotary embeddings) kept on every stage.
+stage (the model itself, or the user's model holding it) runs the model's own forward
+(:func:`unipar.models.hf.stage_forward`) with the other stages' layers replaced:
+embeddings by zeros, the rest by pass-throughs, and parameter-free modules holding
+tables (rotary embeddings) kept on every stage.
 
 Which of the two a model's ``forward`` takes is found out, not assumed:
 :func:`removal_for` runs the stages one after the other on a real sample and keeps
@@ -33,7 +34,7 @@ from enum import Enum
 import torch
 from torch import nn
 
-from unipar.analysis.profile import layer_sequence
+from unipar.analysis.profile import block_list, layer_sequence
 from unipar.errors import UnsupportedPlanError
 from unipar.models import hf
 from unipar.plan import Plan
@@ -176,33 +177,48 @@ def _remove_others(model: nn.Module, keep: Sequence[str], removal: Removal) -> N
             set_layer(model, name, _removed(layer, isinstance(parent, _CONTAINERS), removal))
 
 
-def _is_first(model: nn.Module, keep: Sequence[str]) -> bool:
-    return layer_sequence(model)[0][0] in keep
+def _hf_root(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """The outermost Hugging Face model holding the blocks (``model`` itself, or one
+    inside the user's model), with its path; ``None`` if there is none."""
+    path = block_list(model)
+    parts = path.split(".")[:-1] if path else []
+    for depth in range(len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        module = model.get_submodule(prefix) if prefix else model
+        if hf.is_hf_model(module):
+            return prefix, module
+    return None
+
+
+def _run_as_stage(model: nn.Module, removal: Removal) -> nn.Module | None:
+    """Give the Hugging Face model in ``model`` its stage forward; returns it."""
+    root = _hf_root(model) if removal is Removal.HUGGING_FACE else None
+    if root is None:
+        return None
+    prefix, module = root
+    module.forward = hf.stage_forward(module.forward, outermost=not prefix)
+    return module
 
 
 def build_stage(model: nn.Module, keep: Sequence[str], removal: Removal) -> nn.Module:
     """A deep copy of ``model`` (usually on the meta device) holding only ``keep``."""
-    first = _is_first(model, keep)
     stage = copy.deepcopy(model)
     _remove_others(stage, keep, removal)
-    if removal is Removal.HUGGING_FACE:
-        stage.forward = hf.stage_forward(stage.forward, first=first)
+    _run_as_stage(stage, removal)
     return stage
 
 
 @contextlib.contextmanager
 def _only(model: nn.Module, keep: Sequence[str], removal: Removal) -> Iterator[None]:
     """Temporarily remove the layers not in ``keep`` from ``model`` itself (no copy)."""
-    first = _is_first(model, keep)
     saved = [(parent, dict(parent._modules)) for parent in _parents(model)]
     _remove_others(model, keep, removal)
-    if removal is Removal.HUGGING_FACE:
-        model.forward = hf.stage_forward(model.forward, first=first)
+    staged = _run_as_stage(model, removal)
     try:
         yield
     finally:
-        if removal is Removal.HUGGING_FACE:
-            del model.forward
+        if staged is not None:
+            del staged.forward
         for parent, modules in reversed(saved):
             parent._modules.clear()
             parent._modules.update(modules)
@@ -223,9 +239,7 @@ def removal_for(model: nn.Module, stages: list[list[str]], sample: torch.Tensor)
     on ``sample``, give the whole model's output; a clear error if no way does."""
     was_training = model.training
     model.eval()
-    candidates = (
-        [Removal.HUGGING_FACE] if hf.is_hf_model(model) else [Removal.NONE, Removal.IDENTITY]
-    )
+    candidates = [Removal.HUGGING_FACE] if _hf_root(model) else [Removal.NONE, Removal.IDENTITY]
     try:
         expected = hf.output_tensor(model(sample))
         failures = []
