@@ -217,3 +217,14 @@ def test_gpt2_conv1d_and_fused_qkv_roles_under_tp():
         "mlp.c_proj": "row",
     }
     assert roles["transformer.wte"] == roles["lm_head"] == "vocab"
+
+
+def test_tied_layers_sharded_differently_refused_before_start():
+    from dataclasses import replace
+
+    job = hf_job("gpt2")
+    plan = planned(job, 2, tp=2)
+    styles = list(plan.layer_tp)
+    styles[0] = TensorParallelStyle.REPLICATE  # transformer.wte, tied to lm_head
+    with pytest.raises(UnsupportedPlanError, match=r"share a parameter \(tied weights\)"):
+        check_plan_for_model(job.model(), replace(plan, layer_tp=tuple(styles)))

@@ -212,25 +212,22 @@ def check_plan_for_model(model: nn.Module, plan: Plan) -> None:
     """Raise :class:`UnsupportedPlanError` if ``model`` (on any device, the meta device
     is enough) cannot take ``plan``. Nothing distributed is needed."""
     if plan.mesh.tp > 1:
-        tensor_parallel_roles(model, plan)
+        _check_ties_sharded_alike(model, tensor_parallel_roles(model, plan))
     if plan.mesh.pp > 1:
         stage_cuts.check_pipeline_layers(model, plan)
-        if plan.mesh.tp > 1:
-            _check_ties_sharded_alike(model, plan)
 
 
-def _check_ties_sharded_alike(model: nn.Module, plan: Plan) -> None:
-    """Copies of a tied parameter on two stages are summed element by element, so
-    tensor parallel must shard them alike."""
-    roles = tensor_parallel_roles(model, plan)
-    for tie in stage_cuts.cross_stage_ties(model, plan):
-        owners = [name.rpartition(".")[0] for _, name in tie]
+def _check_ties_sharded_alike(model: nn.Module, roles: dict[str, str]) -> None:
+    """A tied parameter stays one tensor (or, split across pipeline stages, copies
+    summed element by element), so tensor parallel must shard its users alike."""
+    for names in stage_cuts.tied_parameters(model):
+        owners = [name.rpartition(".")[0] for name in names]
         styles = {roles.get(owner, "replicate") for owner in owners}
         if len(styles) > 1:
             raise UnsupportedPlanError(
-                f"layers {owners} share a parameter (tied weights) on different pipeline "
-                f"stages, whose gradients are summed, but tensor parallel splits them "
-                f"differently ({sorted(styles)}); give them the same tensor-parallel style"
+                f"layers {owners} share a parameter (tied weights), but the plan's tensor "
+                f"parallel splits them differently ({sorted(styles)}); give them the same "
+                "tensor-parallel style (the planner splits both along the vocabulary)"
             )
 
 
