@@ -17,6 +17,6 @@ def planned(job: Job, workers: int, **pinned) -> Plan:  # type: ignore[no-untype
         job_model_spec(job),
         cluster,
         job.global_batch_size,
-        constraints=Constraints(**axes, **pinned),
+        constraints=Constraints(**axes, runtime_only=True, **pinned),
     )
     return report.best.plan

@@ -95,7 +95,10 @@ class LRSchedule:
 
 
 def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy for ``logits`` [..., vocab] against ``targets`` [...]."""
+    """Mean token cross-entropy for ``logits`` [..., vocab] against ``targets`` [...].
+    A model output with a ``.logits`` field (a Hugging Face ``ModelOutput``) gives
+    its logits."""
+    logits = getattr(logits, "logits", logits)
     return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 

@@ -104,15 +104,46 @@ class ModelProfile:
 
 
 def layer_sequence(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Top-level children in definition order, with containers (``ModuleList``,
-    ``ModuleDict``, ``Sequential``) expanded into their items."""
-    layers = []
-    for name, child in model.named_children():
-        if isinstance(child, _CONTAINERS):
-            layers.extend((f"{name}.{sub}", item) for sub, item in child.named_children())
-        else:
-            layers.append((name, child))
+    """The model's layers in definition order: the repeated blocks (:func:`block_list`,
+    at any depth) one by one, and around them the children of each module on the way
+    down to the blocks; containers (``ModuleList``, ``ModuleDict``, ``Sequential``)
+    are expanded into their items. For blocks at the top level (unipar's own models),
+    these are the top-level children with containers expanded; for a Hugging Face
+    ``LlamaForCausalLM``: ``model.embed_tokens``, ``model.layers.0`` ...,
+    ``model.norm``, ``model.rotary_emb``, ``lm_head``."""
+    path = block_list(model)
+    descend = path.split(".")[:-1] if path else []
+    layers: list[tuple[str, nn.Module]] = []
+
+    def visit(prefix: str, module: nn.Module, depth: int) -> None:
+        for name, child in module.named_children():
+            full = f"{prefix}{name}"
+            if depth < len(descend) and name == descend[depth]:
+                visit(f"{full}.", child, depth + 1)
+            elif isinstance(child, _CONTAINERS):
+                layers.extend((f"{full}.{sub}", item) for sub, item in child.named_children())
+            else:
+                layers.append((full, child))
+
+    visit("", model, 0)
     return layers
+
+
+def block_list(model: nn.Module) -> str | None:
+    """The path of the longest ``ModuleList`` / ``Sequential`` of two or more blocks of
+    one type holding parameters, at any depth (the shallowest of equal ones); ``None``
+    if there is none. ``nn.Identity`` items are placeholders for blocks another
+    pipeline stage holds."""
+    best, best_length = None, 1
+    for name, module in model.named_modules():
+        if not name or not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        items = [item for item in module if not isinstance(item, nn.Identity)]
+        same_type = len({type(item) for item in items}) == 1
+        with_parameters = all(any(True for _ in item.parameters()) for item in items)
+        if same_type and with_parameters and len(module) > best_length:
+            best, best_length = name, len(module)
+    return best
 
 
 def layer_kind(module: nn.Module, index: int, count: int) -> LayerKind:
@@ -197,6 +228,11 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default and _is_meta_bool(args[0]):
+            # A branch on data (Hugging Face's mask code checks ``(...).all()`` for
+            # packed sequences): meta tensors hold none; take the true branch, which
+            # is the plain batch's (one sequence per row).
+            return True
         out = func(*args, **kwargs)
         bucket = self._bucket()
         packet = func.overloadpacket
@@ -256,6 +292,10 @@ def _is_mask_or_scores(t: torch.Tensor, seq: int | None) -> bool:
     """Scores, or the ``[seq, seq]`` causal mask the math path builds for them."""
     mask = seq is not None and t.dim() == 2 and tuple(t.shape) == (seq, seq)
     return mask or is_attention_scores(t, seq)
+
+
+def _is_meta_bool(x: object) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_meta and x.dtype is torch.bool
 
 
 def _is_tensor(x: object) -> bool:

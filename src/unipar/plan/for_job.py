@@ -9,6 +9,7 @@ from unipar.analysis.profile import SkipInPlaceOnMeta
 from unipar.cluster.spec import ClusterSpec
 from unipar.errors import ConfigError
 from unipar.job import Job
+from unipar.models.hf import hf_model_facts
 from unipar.models.spec import ModelSpec
 from unipar.plan.presets import Strategy, constraints_for
 from unipar.plan.report import PlanReport, plan
@@ -17,7 +18,8 @@ from unipar.plan.report import PlanReport, plan
 def job_model_spec(job: Job) -> ModelSpec:
     """The job's model for the planner, its input shape and dtype taken from the first
     sample of its dataset. unipar's reference models also tell their residual width and
-    the sizes tensor parallelism must divide (``model.config.spec()``)."""
+    the sizes tensor parallelism must divide (``model.config.spec()``); so does a Hugging
+    Face model's config (heads, key/value heads, MLP width, vocabulary)."""
     dataset = job.dataset()
     if len(dataset) == 0:
         raise ConfigError("the job's dataset is empty; give it at least one sample")
@@ -25,7 +27,7 @@ def job_model_spec(job: Job) -> ModelSpec:
     with torch.device("meta"), SkipInPlaceOnMeta():
         meta_model = job.model()
     reference = getattr(getattr(meta_model, "config", None), "spec", None)
-    known = reference() if callable(reference) else None
+    known = reference() if callable(reference) else hf_model_facts(meta_model)
     return ModelSpec(
         name=job.name,
         factory=job.model,

@@ -5,6 +5,9 @@
   layout). Over ``fsdp`` alone it is ZeRO-3, or ZeRO-2-like with
   ``reshard_after_forward=False`` (Rajbhandari et al. 2020); with ``dp`` as well it is
   hybrid sharding (HSDP): sharded within ``fsdp``, replicated across ``dp``.
+  Parameters tied across layers (a word embedding and the output head) must be in one
+  FSDP group: a block holding a parameter tied to a layer outside it is not its own
+  group but part of the whole model's.
 - ``dp`` alone: PyTorch DDP, gradients all-reduced in buckets during backward
   (Li et al. 2020).
 """
@@ -18,6 +21,7 @@ from torch import nn
 
 from unipar.analysis.profile import LayerKind, layer_kind, layer_sequence
 from unipar.plan import Plan
+from unipar.runtime.stages import tied_parameters
 
 
 def uses_fully_shard(plan: Plan) -> bool:
@@ -37,11 +41,22 @@ def apply_fully_shard(model: nn.Module, plan: Plan, device_mesh: Any) -> nn.Modu
     # 2D with dp: replicated over dp, sharded over fsdp.
     data_mesh = device_mesh["dp", "fsdp"] if mesh.dp > 1 else device_mesh["fsdp"]
     layers = layer_sequence(model)
-    for index, (_, layer) in enumerate(layers):
-        if layer_kind(layer, index, len(layers)) is LayerKind.BLOCK:
+    tied = tied_parameters(model)
+    for index, (name, layer) in enumerate(layers):
+        is_block = layer_kind(layer, index, len(layers)) is LayerKind.BLOCK
+        if is_block and not _tied_outside(name, tied):
             fully_shard(layer, mesh=data_mesh, reshard_after_forward=plan.reshard_after_forward)
     fully_shard(model, mesh=data_mesh, reshard_after_forward=plan.reshard_after_forward)
     return model
+
+
+def _tied_outside(layer_name: str, tied: list[list[str]]) -> bool:
+    """Whether the layer holds a parameter tied to one outside it."""
+    prefix = f"{layer_name}."
+    return any(
+        any(n.startswith(prefix) for n in names) and not all(n.startswith(prefix) for n in names)
+        for names in tied
+    )
 
 
 def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:

@@ -127,33 +127,38 @@ def fit(
         if config.elastic:
             require_resizable(plan, config.least_workers, config.workers)
     resume_from = resume_point(config.resume, config.checkpoints)
+    created = _missing_directories(config.checkpoints, run_dir)
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
     started = time.perf_counter()
     explanation = None
-    with ray_session(address):
-        check_cluster_resources(config)
-        ensure_writable(config.checkpoints)
-        if strategy is not None and not config.elastic:
-            plan, explanation = _plan_on_live_cluster(job, config, strategy)
-            print(explanation, flush=True)
-        if config.elastic:
-            plan_for = _ElasticPlans(job, config, plan if strategy is None else strategy)
-            controller: Controller | ElasticController = ElasticController(
-                job,
-                config,
-                plan_for=plan_for,
-                resume_from=resume_from,
-                metrics=metrics,
-                callbacks=callbacks,
-            )
-        else:
-            controller = Controller(
-                job, plan, config, resume_from=resume_from, metrics=metrics, callbacks=callbacks
-            )
-        try:
-            outcome = controller.run()
-        finally:
-            metrics.close()
+    try:
+        with ray_session(address):
+            check_cluster_resources(config)
+            ensure_writable(config.checkpoints)
+            if strategy is not None and not config.elastic:
+                plan, explanation = _plan_on_live_cluster(job, config, strategy)
+                print(explanation, flush=True)
+            if config.elastic:
+                plan_for = _ElasticPlans(job, config, plan if strategy is None else strategy)
+                controller: Controller | ElasticController = ElasticController(
+                    job,
+                    config,
+                    plan_for=plan_for,
+                    resume_from=resume_from,
+                    metrics=metrics,
+                    callbacks=callbacks,
+                )
+            else:
+                controller = Controller(
+                    job, plan, config, resume_from=resume_from, metrics=metrics, callbacks=callbacks
+                )
+            try:
+                outcome = controller.run()
+            finally:
+                metrics.close()
+    except BaseException:
+        _remove_if_empty(created)  # a failed start leaves no empty run directory behind
+        raise
     history = tuple(controller.state.history[s] for s in sorted(controller.state.history))
     if isinstance(controller, ElasticController):
         plan, explanation = controller.plan or plan, plan_for.explanation
@@ -203,6 +208,24 @@ class _ElasticPlans:
                 f"{', '.join(map(str, works)) or 'none'}"
             )
         return resized
+
+
+def _missing_directories(*paths: Path) -> list[Path]:
+    """The directories among ``paths`` and their parents that do not exist yet."""
+    missing: set[Path] = set()
+    for path in paths:
+        for directory in (path, *path.parents):
+            if directory.exists():
+                break
+            missing.add(directory)
+    return sorted(missing, key=lambda p: len(p.parts), reverse=True)
+
+
+def _remove_if_empty(directories: list[Path]) -> None:
+    """Remove the (deepest first) ``directories`` this run created and left empty."""
+    for directory in directories:
+        if directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
 
 
 def _check_model_takes_plan(job: Job, plan: Plan) -> None:

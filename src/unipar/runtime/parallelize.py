@@ -7,6 +7,11 @@
 3. ``to_empty`` on the device, then the reference weights sliced into each shard.
 4. Pure data parallel skips all this: the reference model itself goes under DDP.
 
+A parameter tied across pipeline stages (a word embedding on the first stage and the
+output head on the last) becomes one copy per stage; their gradients are summed every
+step before the optimizer (Megatron-LM's embedding all-reduce, Shoeybi et al. 2019), so
+the copies stay equal. Hugging Face models train with their key/value cache off.
+
 The result, :class:`ParallelModel`, runs one optimizer step's forward and backward
 whatever the plan.
 """
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,13 +28,18 @@ from torch import nn
 
 from unipar.analysis.profile import SkipInPlaceOnMeta
 from unipar.errors import UnsupportedPlanError
+from unipar.models import hf
 from unipar.plan import Plan
 from unipar.plan.representation import MeshCoordinates
 from unipar.runtime import stages as stage_cuts
 from unipar.runtime.data_parallel import apply_ddp, apply_fully_shard, uses_fully_shard
 from unipar.runtime.recompute import apply_recompute
-from unipar.runtime.tensor_parallel import apply_tensor_parallel, tensor_parallel_roles
-from unipar.runtime.weights import load_reference_weights
+from unipar.runtime.tensor_parallel import (
+    apply_tensor_parallel,
+    placements,
+    tensor_parallel_roles,
+)
+from unipar.runtime.weights import clean_name, load_reference_weights
 
 Microbatch = tuple[torch.Tensor, torch.Tensor]
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -48,6 +58,7 @@ class ParallelModel:
     coordinates: MeshCoordinates
     schedule: Any = None
     pp_group: Any = None
+    tied: list[TiedCopies] = field(default_factory=list)
 
     @property
     def data_replica(self) -> int:
@@ -81,7 +92,10 @@ class ParallelModel:
         """Gradients of the mean loss over ``microbatches``; returns that loss where this
         rank computes it (``None`` on pipeline stages before the last)."""
         if self.schedule is not None:
-            return self._pipeline_step(microbatches)
+            loss = self._pipeline_step(microbatches)
+            for copies in self.tied:
+                copies.sum_gradients()
+            return loss
         total = torch.zeros(())
         for index, (inputs, targets) in enumerate(microbatches):
             last = index == len(microbatches) - 1
@@ -102,6 +116,69 @@ class ParallelModel:
         if not self.last_stage:
             return None
         return torch.stack([loss.detach() for loss in losses]).mean()
+
+
+@dataclass
+class TiedCopies:
+    """This rank's copies of one parameter tied across pipeline stages, and the group
+    of the other rank holding copies (``None``: all copies are here)."""
+
+    params: list[nn.Parameter]
+    group: Any = None
+
+    @torch.no_grad()
+    def sum_gradients(self) -> None:
+        for param in self.params:  # e.g. an embedding's gradient comes back replicated
+            grad = param.grad
+            if grad is not None and placements(grad) != placements(param):
+                param.grad = grad.redistribute(grad.device_mesh, param.placements)
+        grads = [_local(p.grad) for p in self.params if p.grad is not None]
+        if not grads:
+            return
+        total = grads[0] if len(grads) == 1 else torch.stack(grads).sum(0)
+        if self.group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(total, group=self.group)
+        for grad in grads:
+            if grad is not total:
+                grad.copy_(total)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (shares its storage); a tensor as it is."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _tied_copies(
+    whole: nn.Module, plan: Plan, parts: list[nn.Module], indices: list[int], device_mesh: Any
+) -> list[TiedCopies]:
+    """For each parameter tied across stages: this rank's copies, and a process group
+    with the other pipeline rank holding one. Every rank creates every group, in the
+    same order (``new_group`` is collective)."""
+    import torch.distributed as dist
+
+    ranks = device_mesh.mesh.reshape(plan.mesh.pp, -1)
+    me = dist.get_rank()
+    result = []
+    for tie in stage_cuts.cross_stage_ties(whole, plan):
+        pp_ranks = sorted({stage % plan.mesh.pp for stage, _ in tie})
+        group = None
+        if len(pp_ranks) > 1:
+            for column in range(ranks.shape[1]):
+                members = [int(ranks[r, column]) for r in pp_ranks]
+                created = dist.new_group(members)
+                if me in members:
+                    group = created
+        params = []
+        for stage, name in tie:
+            if stage in indices:
+                part = parts[indices.index(stage)]
+                named = {clean_name(n): p for n, p in part.named_parameters()}
+                params.append(named[name])
+        if params:
+            result.append(TiedCopies(params, group))
+    return result
 
 
 def _gradient_sync(
@@ -135,9 +212,23 @@ def check_plan_for_model(model: nn.Module, plan: Plan) -> None:
     """Raise :class:`UnsupportedPlanError` if ``model`` (on any device, the meta device
     is enough) cannot take ``plan``. Nothing distributed is needed."""
     if plan.mesh.tp > 1:
-        tensor_parallel_roles(model, plan)
+        _check_ties_sharded_alike(model, tensor_parallel_roles(model, plan))
     if plan.mesh.pp > 1:
         stage_cuts.check_pipeline_layers(model, plan)
+
+
+def _check_ties_sharded_alike(model: nn.Module, roles: dict[str, str]) -> None:
+    """A tied parameter stays one tensor (or, split across pipeline stages, copies
+    summed element by element), so tensor parallel must shard its users alike."""
+    for names in stage_cuts.tied_parameters(model):
+        owners = [name.rpartition(".")[0] for name in names]
+        styles = {role.value if (role := roles.get(owner)) else "replicate" for owner in owners}
+        if len(styles) > 1:
+            raise UnsupportedPlanError(
+                f"layers {owners} share a parameter (tied weights), but the plan's tensor "
+                f"parallel splits them differently ({sorted(styles)}); give them the same "
+                "tensor-parallel style (the planner splits both along the vocabulary)"
+            )
 
 
 def parallelize(
@@ -163,7 +254,7 @@ def parallelize(
         )
     coordinates = mesh.coordinates(rank)
     torch.manual_seed(seed)
-    reference = build()
+    reference = hf.disable_cache(build())
     if (mesh.pp, mesh.fsdp, mesh.tp) == (1, 1, 1):
         model = apply_recompute(reference, plan).to(device)
         if world_size > 1:
@@ -172,7 +263,7 @@ def parallelize(
 
     rng = torch.get_rng_state()
     with torch.device("meta"), SkipInPlaceOnMeta():  # no values to initialise on meta
-        whole = build()
+        whole = hf.disable_cache(build())
     torch.set_rng_state(rng)  # dropout draws as in the single-device run
     check_plan_for_model(whole, plan)
     device_mesh = _device_mesh(plan, device)
@@ -197,6 +288,7 @@ def parallelize(
         pp_group = device_mesh["pp"].get_group()
         model.pp_group = pp_group
         model.schedule = _pipeline_schedule(parts, indices, plan, device, pp_group, loss_fn)
+        model.tied = _tied_copies(whole, plan, parts, indices, device_mesh)
     return model
 
 

@@ -9,7 +9,14 @@ deleted (its loop then does not visit it); of a ``ModuleList`` / ``Sequential``,
 becomes ``nn.Identity`` (keeping the others' indices). A removed top-level layer
 becomes ``None`` (the torchtitan convention: ``forward`` skips it) or, for a model
 whose ``forward`` calls it unconditionally, ``nn.Identity`` (it passes the previous
-stage's activations through).
+stage's activations through). A removed block is a :class:`PassThrough`, which takes
+any call signature (a Hugging Face decoder layer is called with masks and positions).
+
+A Hugging Face model's blocks sit deeper (``model.layers``, ``transformer.h``); its
+stage (the model itself, or the user's model holding it) runs the model's own forward
+(:func:`unipar.models.hf.stage_forward`) with the other stages' layers replaced:
+embeddings by zeros, the rest by pass-throughs, and parameter-free modules holding
+tables (rotary embeddings) kept on every stage.
 
 Which of the two a model's ``forward`` takes is found out, not assumed:
 :func:`removal_for` runs the stages one after the other on a real sample and keeps
@@ -27,8 +34,9 @@ from enum import Enum
 import torch
 from torch import nn
 
-from unipar.analysis.profile import layer_sequence
+from unipar.analysis.profile import block_list, layer_sequence
 from unipar.errors import UnsupportedPlanError
+from unipar.models import hf
 from unipar.plan import Plan
 
 _STRATEGIES_WITHOUT_PP = "dp, fsdp and tp (plans with pp=1)"
@@ -65,20 +73,43 @@ def check_pipeline_layers(model: nn.Module, plan: Plan) -> None:
             f"for {chunks} stages; build the model from a list of repeated blocks "
             f"(nn.ModuleList / nn.ModuleDict), or use {_STRATEGIES_WITHOUT_PP}"
         )
-    stage_of = {}
-    for stage, names in enumerate(stage_layer_names(model, plan)):
+    for tie in cross_stage_ties(model, plan):
+        if len(tie) != 2:
+            raise UnsupportedPlanError(
+                f"parameters {[name for _, name in tie]} are one tensor (tied weights) held "
+                f"by {len(tie)} pipeline stages {[stage for stage, _ in tie]}; the runtime "
+                f"keeps a tie in sync between two stages only: untie them, choose stage "
+                f"boundaries that keep them on at most two stages, or use "
+                f"{_STRATEGIES_WITHOUT_PP}"
+            )
+
+
+def tied_parameters(model: nn.Module) -> list[list[str]]:
+    """Groups of parameter names that are one tensor (tied weights, e.g. GPT-2's
+    ``transformer.wte.weight`` and ``lm_head.weight``), found before any sharding."""
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def cross_stage_ties(model: nn.Module, plan: Plan) -> list[list[tuple[int, str]]]:
+    """Tied parameters the plan's stages hold more than one copy of: for each, the
+    stages holding it with the name it has there (each stage keeps its own copy,
+    their gradients summed every step, as Megatron-LM does for the word embedding)."""
+    stage_of = {
+        name: stage for stage, names in enumerate(stage_layer_names(model, plan)) for name in names
+    }
+    ties = []
+    for names in tied_parameters(model):
+        holders: dict[int, str] = {}
         for name in names:
-            stage_of[name] = stage
-    owners: dict[int, str] = {}
-    for layer_name, layer in layers:
-        for param in layer.parameters():
-            first = owners.setdefault(id(param), layer_name)
-            if stage_of[first] != stage_of[layer_name]:
-                raise UnsupportedPlanError(
-                    f"layers {first!r} and {layer_name!r} share a parameter (tied weights), "
-                    f"but the plan puts them in stages {stage_of[first]} and "
-                    f"{stage_of[layer_name]}; untie them, or use {_STRATEGIES_WITHOUT_PP}"
-                )
+            layer = next((layer for layer in stage_of if name.startswith(f"{layer}.")), None)
+            if layer is not None:  # else held by a module around the layers, on every stage
+                holders.setdefault(stage_of[layer], name)
+        if len(holders) > 1:
+            ties.append(sorted(holders.items()))
+    return ties
 
 
 class Removal(Enum):
@@ -86,6 +117,14 @@ class Removal(Enum):
 
     NONE = "none"
     IDENTITY = "identity"
+    HUGGING_FACE = "hugging_face"  # see the module docstring
+
+
+class PassThrough(nn.Identity):
+    """A removed block: returns its first argument, whatever else it is called with."""
+
+    def forward(self, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        return x
 
 
 def set_layer(model: nn.Module, name: str, layer: nn.Module | None) -> None:
@@ -98,7 +137,7 @@ def set_layer(model: nn.Module, name: str, layer: nn.Module | None) -> None:
         else:
             parent[child] = layer
     elif isinstance(parent, (nn.ModuleList, nn.Sequential)):
-        parent[int(child)] = nn.Identity() if layer is None else layer
+        parent[int(child)] = PassThrough() if layer is None else layer
     else:
         setattr(parent, child, layer)
 
@@ -109,36 +148,89 @@ def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     return (model.get_submodule(parent_name) if parent_name else model), child
 
 
-def _remove(model: nn.Module, name: str, removal: Removal) -> None:
-    top_level = "." not in name
-    replacement = nn.Identity() if top_level and removal is Removal.IDENTITY else None
-    set_layer(model, name, replacement)
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+
+
+def _removed(layer: nn.Module, in_container: bool, removal: Removal) -> nn.Module | None:
+    """What replaces a removed layer (``None``: taken out, see :func:`set_layer`)."""
+    if in_container:
+        return None
+    if removal is Removal.HUGGING_FACE:
+        if isinstance(layer, nn.Embedding):
+            return hf.ZeroEmbedding(layer.embedding_dim, layer.weight.dtype)
+        return PassThrough()
+    return nn.Identity() if removal is Removal.IDENTITY else None
+
+
+def _kept_everywhere(layer: nn.Module, removal: Removal) -> bool:
+    """Parameter-free tables (a Hugging Face model's rotary embedding, called by its
+    forward on every stage) stay on every stage."""
+    parameter_free = not any(True for _ in layer.parameters())
+    return removal is Removal.HUGGING_FACE and parameter_free and any(True for _ in layer.buffers())
+
+
+def _remove_others(model: nn.Module, keep: Sequence[str], removal: Removal) -> None:
+    """Replace the layers not in ``keep`` (see :func:`_removed`), in place."""
+    for name, layer in layer_sequence(model):
+        if name not in keep and not _kept_everywhere(layer, removal):
+            parent, _ = _parent(model, name)
+            set_layer(model, name, _removed(layer, isinstance(parent, _CONTAINERS), removal))
+
+
+def _hf_root(model: nn.Module) -> tuple[str, nn.Module] | None:
+    """The outermost Hugging Face model holding the blocks (``model`` itself, or one
+    inside the user's model), with its path; ``None`` if there is none."""
+    path = block_list(model)
+    parts = path.split(".")[:-1] if path else []
+    for depth in range(len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        module = model.get_submodule(prefix) if prefix else model
+        if hf.is_hf_model(module):
+            return prefix, module
+    return None
+
+
+def _run_as_stage(model: nn.Module, removal: Removal) -> nn.Module | None:
+    """Give the Hugging Face model in ``model`` its stage forward; returns it."""
+    root = _hf_root(model) if removal is Removal.HUGGING_FACE else None
+    if root is None:
+        return None
+    prefix, module = root
+    module.forward = hf.stage_forward(module.forward, outermost=not prefix)
+    return module
 
 
 def build_stage(model: nn.Module, keep: Sequence[str], removal: Removal) -> nn.Module:
     """A deep copy of ``model`` (usually on the meta device) holding only ``keep``."""
     stage = copy.deepcopy(model)
-    for name, _ in layer_sequence(model):
-        if name not in keep:
-            _remove(stage, name, removal)
+    _remove_others(stage, keep, removal)
+    _run_as_stage(stage, removal)
     return stage
 
 
 @contextlib.contextmanager
 def _only(model: nn.Module, keep: Sequence[str], removal: Removal) -> Iterator[None]:
     """Temporarily remove the layers not in ``keep`` from ``model`` itself (no copy)."""
-    saved = []
-    for name, _ in layer_sequence(model):
-        if name not in keep:
-            parent, _ = _parent(model, name)
-            saved.append((parent, dict(parent._modules)))
-            _remove(model, name, removal)
+    saved = [(parent, dict(parent._modules)) for parent in _parents(model)]
+    _remove_others(model, keep, removal)
+    staged = _run_as_stage(model, removal)
     try:
         yield
     finally:
+        if staged is not None:
+            del staged.forward
         for parent, modules in reversed(saved):
             parent._modules.clear()
             parent._modules.update(modules)
+
+
+def _parents(model: nn.Module) -> list[nn.Module]:
+    """Every module holding a layer, each once."""
+    parents: dict[int, nn.Module] = {}
+    for name, _ in layer_sequence(model):
+        parent, _ = _parent(model, name)
+        parents.setdefault(id(parent), parent)
+    return list(parents.values())
 
 
 @torch.no_grad()
@@ -147,10 +239,11 @@ def removal_for(model: nn.Module, stages: list[list[str]], sample: torch.Tensor)
     on ``sample``, give the whole model's output; a clear error if no way does."""
     was_training = model.training
     model.eval()
+    candidates = [Removal.HUGGING_FACE] if _hf_root(model) else [Removal.NONE, Removal.IDENTITY]
     try:
-        expected = model(sample)
+        expected = hf.output_tensor(model(sample))
         failures = []
-        for removal in Removal:
+        for removal in candidates:
             failure = _compose_failure(model, stages, sample, expected, removal)
             if failure is None:
                 return removal
