@@ -151,6 +151,6 @@ def test_cli_prints_and_writes(tmp_path, capsys):
 def test_cli_bad_input_is_a_clear_error(tmp_path, capsys):
     path = _write(tmp_path, ["a,0,cifar10,4,1024", "b,0,cifar10,20,1024"])
     code = main(["simulate", str(path), "--nodes", "4", "--reference", str(REFERENCE),
-                 "--out", str(tmp_path), "--no-plot"])
+                 "--out", str(tmp_path), "--no-plot", "--policy", "tiresias"])
     assert code == 2
     assert "w.csv:3" in capsys.readouterr().err

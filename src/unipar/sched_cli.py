@@ -62,9 +62,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     apps = load_applications(reference)
     cluster = Cluster.uniform(args.nodes, args.gpus_per_node)
     fleet = make_fleet(cluster, args.autoscale, args.spot, args.seed)
-    specs = read_workload(args.workload, apps, max_gpus=fleet.max_gpus)
+    policy = make_policy(PolicyName(args.policy))
+    # a fixed-size job that asks for more GPUs than the cluster has can never run; an
+    # adaptive policy runs it on what there is
+    limit = None if policy.adaptive_batch else fleet.max_gpus
+    specs = read_workload(args.workload, apps, max_gpus=limit)
     config = SimConfig(interval=args.interval, restart=args.restart, gpu_quota=_quota(args.quota))
-    result = simulate(specs, apps, make_policy(PolicyName(args.policy)), cluster, config, fleet)
+    result = simulate(specs, apps, policy, cluster, config, fleet)
     summary = result.summary()
     print(
         f"{summary['policy']}: {summary['jobs']} jobs  avg JCT {summary['avg_jct_s']:.0f} s  "

@@ -64,9 +64,11 @@ class JobView:
     peer_model: ThroughputModel | None = None
     peer_max_replicas: int = 0
     deadline: float | None = None  # absolute second by which the job should finish
-    # Oracles, for baselines defined with one (Optimus+Oracle); other policies ignore them.
+    # work left: the job's declared length (its epochs) less its progress, in steps at M0
     remaining_progress: float = 0.0
-    oracle_rate: np.ndarray | None = None  # progress/s of the requested batch on 1.. GPUs
+    # Oracle for baselines defined with one (Optimus+Oracle); other policies ignore it:
+    # exact progress/s of the requested batch on 1.. GPUs (fewest nodes)
+    oracle_rate: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
