@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from unipar import ConfigError, ResourceError, fit
-from unipar.cli import _worker_range
 from unipar.errors import UnsupportedPlanError
 from unipar.plan import Plan
 from unipar.plan.representation import Mesh
+from unipar.runtime.config import parse_workers
 from unipar.runtime.elastic_plan import resize_plan, sizes_that_work
 from unipar.testing import tiny_mlp_job
 
@@ -49,7 +49,7 @@ def test_tensor_parallel_is_dropped_only_when_the_size_is_not_a_multiple_of_it()
 
 
 def test_least_workers_above_most_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match=r"min=3 and max=2.*workers=\(2, 2\)"):
+    with pytest.raises(ConfigError, match=r"min=3 and max=2.*workers=\(2, 3\)"):
         fit(tiny_mlp_job(), workers=(3, 2), run_dir=tmp_path)
 
 
@@ -63,8 +63,8 @@ def test_least_workers_above_the_cluster_is_refused(ray_cluster, tmp_path):
         fit(tiny_mlp_job(global_batch_size=24), workers=(6, 8), run_dir=tmp_path)
 
 
-def test_cli_worker_range():
-    assert _worker_range("4") == 4
-    assert _worker_range("2:8") == (2, 8)
+def test_cliparse_workers():
+    assert parse_workers("4") == 4
+    assert parse_workers("2:8") == (2, 8)
     with pytest.raises(Exception, match="MIN:MAX"):
-        _worker_range("two")
+        parse_workers("two")

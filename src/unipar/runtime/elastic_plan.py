@@ -12,6 +12,7 @@ dropped, the largest model axes that fit first.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from unipar.errors import UnsupportedPlanError
 from unipar.plan import Plan
@@ -30,12 +31,13 @@ def _batch_split(plan: Plan, replicas: int, global_batch: int) -> tuple[int, int
     return share, 1
 
 
-def _fewer_stages(plan: Plan, pp: int) -> Plan:
+def _fewer_stages(plan: Plan, pp: int) -> dict[str, Any]:
+    """The plan's changes for ``pp`` stages: every ``pp``-th of its stage boundaries."""
     if pp == plan.mesh.pp:
-        return plan
+        return {}
     step = plan.mesh.pp // pp
     boundaries = plan.stage_boundaries[step - 1 :: step][: pp - 1] if pp > 1 else ()
-    return replace(plan, stage_boundaries=tuple(boundaries), virtual_stages=1)
+    return {"stage_boundaries": tuple(boundaries), "virtual_stages": 1}
 
 
 def resize_plan(plan: Plan, workers: int) -> Plan | None:
@@ -60,11 +62,12 @@ def resize_plan(plan: Plan, workers: int) -> Plan | None:
                 continue
             if pp > 1 and split[1] < pp:
                 continue  # 1F1B needs a micro-batch per stage
-            resized = _fewer_stages(plan, pp)
+            changes = _fewer_stages(plan, pp)
             if tp != mesh.tp:
-                resized = replace(resized, layer_tp=(), sequence_parallel=False)
+                changes.update(layer_tp=(), sequence_parallel=False)
             return replace(
-                resized,
+                plan,
+                **changes,
                 mesh=Mesh(pp=pp, dp=dp, fsdp=fsdp, tp=tp),
                 microbatch_size=split[0],
                 num_microbatches=split[1],
