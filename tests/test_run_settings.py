@@ -32,7 +32,7 @@ def test_every_flag_reaches_fit_under_its_field_name():
         *("train", "job.py", "--workers", "3", "--cpus-per-worker", "2", "--gpus-per-worker"),
         *("0.5", "--run-dir", "r", "--checkpoint-dir", "c", "--checkpoint-every", "7"),
         *("--keep-checkpoints", "4", "--resume", "--max-failures", "0", "--no-progress"),
-        *("--placement-timeout", "9"),
+        *("--placement-timeout", "9", "--no-elastic", "--snapshot-every", "5"),
     ]
     options = run_options(build_parser().parse_args(every))
     assert set(options) == {f.name for f in cli_fields()}
@@ -41,11 +41,22 @@ def test_every_flag_reaches_fit_under_its_field_name():
     assert (config.run_dir, config.checkpoint_dir, config.resume) == (Path("r"), Path("c"), True)
     assert (config.checkpoint_every, config.keep_checkpoints, config.max_failures) == (7, 4, 0)
     assert config.progress is False and config.placement_timeout_s == 9.0
+    assert config.elastic is False and config.snapshot_every == 5
     assert run_options(build_parser().parse_args(["train"])) == {}  # fit's defaults apply
     assert {f.name for f in fields(RunConfig)} - set(options) == {
+        "min_workers",  # set by --workers MIN:MAX
         "collective_timeout_s",
         "poll_interval_s",
     }
+
+
+def test_a_worker_range_flag_sets_the_fewest_and_the_most():
+    from unipar.cli import _run_config
+
+    options = run_options(build_parser().parse_args(["train", "--workers", "2:3"]))
+    assert options == {"workers": (2, 3)}  # fit takes the range as it is
+    config = _run_config(options)
+    assert (config.min_workers, config.workers, config.least_workers) == (2, 3, 2)
 
 
 def test_default_run_dirs_started_in_the_same_second_differ():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from unipar.cluster.spec import ClusterSpec, DeviceSpec, LinkSpec, Precision
+from unipar.cluster.spec import AttentionKernel, ClusterSpec, DeviceSpec, LinkSpec, Precision
 
 
 def _sustained_time(fn, seconds: float = 0.5) -> float:  # type: ignore[no-untyped-def]
@@ -140,7 +140,13 @@ def read_cache(
         age = (time.time() if now is None else now) - float(data["measured_at"])
         if data["machine"] != about or not 0 <= age <= MAX_AGE_S:
             return None
-        device = DeviceSpec(**{**data["device"], "precision": Precision(data["precision"])})
+        device = DeviceSpec(
+            **{
+                **data["device"],
+                "precision": Precision(data["precision"]),
+                "attention": AttentionKernel(data["attention"]),
+            }
+        )
         return device, LinkSpec(**data["link"])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # absent or unreadable: measure again
@@ -150,8 +156,11 @@ def write_cache(path: Path, about: dict[str, object], device: DeviceSpec, link: 
     record = {
         "machine": about,
         "measured_at": time.time(),
-        "device": {k: v for k, v in asdict(device).items() if k != "precision"},
+        "device": {
+            k: v for k, v in asdict(device).items() if k not in ("precision", "attention")
+        },
         "precision": device.precision.value,
+        "attention": device.attention.value,
         "link": asdict(link),
     }
     with contextlib.suppress(OSError):  # a read-only home only costs a re-measurement
