@@ -26,13 +26,6 @@ def ray_session(address: str | None, *, num_cpus: int | None = None) -> Iterator
         ray.shutdown()
 
 
-def ensure_ray(address: str | None = None) -> None:
-    """Start (or join) Ray for this process if it is not running; it stays up until the
-    process exits, so consecutive calls (train, then predict) share it."""
-    if not ray.is_initialized():
-        start_ray(address)
-
-
 class _DropTokenAuthNotice(logging.Filter):
     """Ray 2.60 says on every start that token authentication is on (its default); the
     warning that it is off still shows."""
