@@ -17,38 +17,31 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 VOCAB, SEQ = 128, 16
 
 
+# The tiny size every Llama-family test model shares (no dropout, no cache).
+TINY_DECODER = {
+    "hidden_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 64,
+    "vocab_size": VOCAB,
+    "max_position_embeddings": 64,
+    "use_cache": False,
+    "attention_dropout": 0.0,
+}
+
+
 def llama():  # type: ignore[no-untyped-def]
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        hidden_size=32,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        use_cache=False,
-        attention_dropout=0.0,
-    )
+    config = LlamaConfig(**TINY_DECODER)
     return LlamaForCausalLM(config)
 
 
 def qwen2():  # type: ignore[no-untyped-def]
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(
-        hidden_size=32,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        use_cache=False,
-        attention_dropout=0.0,
-        tie_word_embeddings=True,
-    )
+    config = Qwen2Config(**TINY_DECODER, tie_word_embeddings=True)
     return Qwen2ForCausalLM(config)
 
 
@@ -74,17 +67,7 @@ def gpt2():  # type: ignore[no-untyped-def]
 def mistral():  # type: ignore[no-untyped-def]
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(
-        hidden_size=32,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        use_cache=False,
-        attention_dropout=0.0,
-    )
+    config = MistralConfig(**TINY_DECODER)
     return MistralForCausalLM(config)
 
 
