@@ -33,6 +33,7 @@ def test_every_flag_reaches_fit_under_its_field_name():
         *("0.5", "--run-dir", "r", "--checkpoint-dir", "c", "--checkpoint-every", "7"),
         *("--keep-checkpoints", "4", "--resume", "--max-failures", "0", "--no-progress"),
         *("--placement-timeout", "9", "--no-elastic", "--snapshot-every", "5"),
+        *("--trace", "3"),
     ]
     options = run_options(build_parser().parse_args(every))
     assert set(options) == {f.name for f in cli_fields()}
@@ -42,6 +43,7 @@ def test_every_flag_reaches_fit_under_its_field_name():
     assert (config.checkpoint_every, config.keep_checkpoints, config.max_failures) == (7, 4, 0)
     assert config.progress is False and config.placement_timeout_s == 9.0
     assert config.elastic is False and config.snapshot_every == 5
+    assert config.trace_steps == 3
     assert run_options(build_parser().parse_args(["train"])) == {}  # fit's defaults apply
     assert {f.name for f in fields(RunConfig)} - set(options) == {
         "min_workers",  # set by --workers MIN:MAX

@@ -14,6 +14,7 @@ from png_checks import check_png
 from unipar.cluster import cluster_preset
 from unipar.errors import ConfigError
 from unipar.plan import Plan
+from unipar.runtime.fit import fit
 from unipar.runtime.tracing import (
     Attachment,
     StepTracer,
@@ -32,26 +33,36 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
-def pipeline_run():
-    """2 warm-up steps, 2 untraced, 2 traced (benchmarks/trace_overhead.py's runner)."""
+def pipeline_run(ray_cluster, tmp_path_factory):
+    """A real run through ``fit``: the planner's 2-stage 1F1B plan on 2 Ray workers for 6
+    steps, the last 2 traced (the job and plan of benchmarks/trace_overhead.py)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(BENCHMARKS))
         import trace_overhead
 
-        plan = trace_overhead.pipeline_plan(6)
-        return trace_overhead, plan, trace_overhead.measure(plan, blocks=2, block_steps=2)
+    plan = trace_overhead.pipeline_plan(6)
+    result = fit(
+        trace_overhead.job(6),
+        workers=2,
+        plan=plan,
+        run_dir=tmp_path_factory.mktemp("traced"),
+        trace_steps=2,
+        progress=False,
+    )
+    return trace_overhead, plan, result
 
 
 def test_one_measured_block_per_action_of_the_schedule(pipeline_run):
-    bench, plan, result = pipeline_run
-    traced = [bench.WARMUP + 2, bench.WARMUP + 3]
-    assert sorted({r.step for r in result.records}) == traced  # nothing outside them
+    _, plan, result = pipeline_run
+    records = result.trace.records
+    traced = [4, 5]
+    assert sorted({r.step for r in records}) == traced  # nothing outside them
     order = pipeline_order(plan.schedule, plan.mesh.pp, plan.num_microbatches)
     kinds = {TracedAction.FORWARD: ActionKind.FORWARD, TracedAction.BACKWARD: ActionKind.BACKWARD}
     for step in traced:
         for rank in range(plan.mesh.pp):
             mine = sorted(
-                (r for r in result.records if r.step == step and r.rank == rank),
+                (r for r in records if r.step == step and r.rank == rank),
                 key=lambda r: r.start_ns,
             )
             measured = [(r.stage, kinds[r.action], r.microbatch) for r in mine if r.action in kinds]
@@ -61,12 +72,45 @@ def test_one_measured_block_per_action_of_the_schedule(pipeline_run):
             assert all(r.end_ns >= r.start_ns for r in mine)
 
 
+def test_the_run_writes_its_trace_and_summarises_it(pipeline_run):
+    _, _, result = pipeline_run
+    trace = result.trace
+    assert trace.trace_json == result.run_dir / "trace.json"
+    events = json.loads(trace.trace_json.read_text())["traceEvents"]
+    assert sum(e["ph"] == "X" for e in events) == len(trace.records)
+    check_png(trace.timeline_png)
+    summary = result.summary()
+    for component in ("forward", "backward", "grad sync", "optimizer", "idle share", "step"):
+        assert f"    {component}" in summary
+    assert "predicted" in summary and str(trace.trace_json) in summary
+
+
+def test_data_parallel_trace_times_each_microbatch_on_one_replica(ray_cluster, tmp_path):
+    """Without a pipeline each micro-batch's forward and backward is a span; of the two
+    replicas only the first records (they run the same actions)."""
+    job = tiny_gpt_job(steps=3, global_batch_size=8)
+    plan = Plan.data_parallel(2, 8, microbatch_size=2)  # 2 micro-batches per replica
+    result = fit(
+        job, workers=2, plan=plan, run_dir=tmp_path, trace_steps=1, progress=False, elastic=False
+    )
+    records = result.trace.records
+    assert {(r.rank, r.stage, r.step) for r in records} == {(0, 0, 2)}
+    assert [(r.action, r.microbatch) for r in sorted(records, key=lambda r: r.start_ns)] == [
+        (TracedAction.FORWARD, 0),
+        (TracedAction.BACKWARD, 0),
+        (TracedAction.FORWARD, 1),
+        (TracedAction.BACKWARD, 1),
+        (TracedAction.OPTIMIZER, None),
+    ]
+
+
 def test_trace_outputs(pipeline_run, tmp_path):
     bench, plan, result = pipeline_run
+    records = result.trace.records
     predicted = predicted_run_timeline(bench.job(6), plan, cluster_preset("a100-80g"))
-    outputs = write_trace(tmp_path, result.records, pp=2, stages=2, predicted=predicted)
+    outputs = write_trace(tmp_path, records, pp=2, stages=2, predicted=predicted)
     events = json.loads(outputs.trace_json.read_text())["traceEvents"]
-    assert sum(e["ph"] == "X" for e in events) == len(result.records)
+    assert sum(e["ph"] == "X" for e in events) == len(records)
     check_png(outputs.timeline_png)
     names = [line.split()[0] for line in outputs.summary.splitlines()[1:]]
     assert names == ["forward", "backward", "grad", "optimizer", "idle", "step"]
@@ -85,17 +129,19 @@ def test_tracing_off_attaches_nothing_and_remove_detaches(tmp_path):
     )
     trainer.setup(None)
     optimizer = trainer.optimizers[0]
+    assert trainer.model.tracer is None
     assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
     tracer = StepTracer(0, traced_steps(2, 0, 4))
     attachment = attach_tracer(trainer, tracer)
     for step in range(4):
         traced_step(trainer, step, tracer)
-    assert [(r.step, r.action) for r in tracer.records] == [
-        (2, TracedAction.OPTIMIZER),
-        (3, TracedAction.OPTIMIZER),
+    each = [TracedAction.FORWARD, TracedAction.BACKWARD, TracedAction.OPTIMIZER]
+    assert [(r.step, r.action) for r in tracer.records] == [(2, a) for a in each] + [
+        (3, a) for a in each
     ]
     attachment.remove()
     assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
+    assert trainer.model.tracer is None
 
 
 def test_stage_wrappers_are_removed():

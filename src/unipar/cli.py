@@ -59,6 +59,10 @@ def _check_train_args(
     plan = _strategy(args.strategy)
     options = run_options(args)
     config = _run_config(options)
+    if config.trace_steps is not None and args.steps is not None:
+        from unipar.runtime.tracing import traced_steps
+
+        traced_steps(config.trace_steps, 0, args.steps)
     if isinstance(plan, Plan):
         validate.check_plan_for_run(plan, (config.least_workers, config.workers))
     if config.resume or "run_dir" in options or "checkpoint_dir" in options:

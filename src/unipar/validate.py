@@ -219,6 +219,8 @@ def check_run_config(config: Any) -> None:
         )
     if config.snapshot_every is not None:
         integer("snapshot_every", config.snapshot_every, minimum=0)
+    if config.trace_steps is not None:
+        integer("trace_steps", config.trace_steps, minimum=1)
     cpus = number("cpus_per_worker", config.cpus_per_worker, minimum=0)
     gpus = number("gpus_per_worker", config.gpus_per_worker, minimum=0)
     if cpus == 0 and gpus == 0:

@@ -71,6 +71,17 @@ class RunConfig:
             type=int,
         ),
     )
+    trace_steps: int | None = field(
+        default=None,
+        metadata=cli(
+            "record the last N steps' forward, backward, gradient sync and optimizer on "
+            "each pipeline rank: RUN_DIR/trace.json, RUN_DIR/timeline.png (measured under "
+            "predicted) and measured vs predicted in the summary (default: off)",
+            type=int,
+            flag="--trace",
+            metavar="N",
+        ),
+    )
     cpus_per_worker: float = field(
         default=1.0, metadata=cli("CPUs Ray reserves per worker", type=float)
     )

@@ -26,6 +26,7 @@ from unipar.runtime.config import RunConfig
 from unipar.runtime.gang import PROCESS_LOST, Stream
 from unipar.runtime.metrics import MetricsWriter, StepAggregator, StepMetrics
 from unipar.runtime.progress import ProgressBar
+from unipar.runtime.tracing import TraceBatch, TraceRecord
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
 from unipar.runtime.worker_group import WorkerGroup, WorkerInfo
 
@@ -61,6 +62,8 @@ class RunState:
     attempt: int = 0
     failures: int = 0
     history: dict[int, StepMetrics] = field(default_factory=dict)
+    # The traced steps' records of the gang that ran them (``trace_steps``), all ranks.
+    trace: list[TraceRecord] = field(default_factory=list)
 
 
 class Controller:
@@ -121,6 +124,7 @@ class Controller:
     def _attempt(self) -> TrainOutcome:
         group = WorkerGroup(self.job, self.plan, self.config, self.policy)
         self.workers = group.info
+        self.state.trace.clear()  # records of a gang that was lost are incomplete
         try:
             start_steps = self._follow(group.setup_refs(self.resume_from))
             self.bar.start_at(start_steps[0])
@@ -148,7 +152,7 @@ class Controller:
 
     def _take(self, call: _Call, running: list[_Call]) -> list[StepReport]:
         try:
-            return call.take_ready()
+            items = call.take_ready()
         except _PROCESS_LOST as error:
             raise WorkerLost(call.rank, error) from error
         except RayTaskError as error:
@@ -161,6 +165,9 @@ class Controller:
             if isinstance(cause, UniparError):
                 raise cause from None
             raise UserCodeError(f"worker rank {call.rank} raised:\n{error}") from None
+        for batch in [item for item in items if isinstance(item, TraceBatch)]:
+            self.state.trace.extend(batch.records)
+        return [item for item in items if not isinstance(item, TraceBatch)]
 
     @staticmethod
     def _raise_if_peer_lost(peers: list[_Call]) -> None:
@@ -197,4 +204,4 @@ class _Call(Stream):
 
 
 def _is_outcome(item: object) -> bool:
-    return not isinstance(item, StepReport)
+    return not isinstance(item, (StepReport, TraceBatch))

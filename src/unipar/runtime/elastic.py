@@ -56,6 +56,7 @@ from unipar.runtime.metrics import MetricsWriter, StepAggregator
 from unipar.runtime.progress import ProgressBar
 from unipar.runtime.rendezvous import RendezvousHost
 from unipar.runtime.snapshot import SnapshotPart
+from unipar.runtime.tracing import TraceBatch
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
 from unipar.runtime.worker_group import WorkerInfo
 
@@ -212,7 +213,8 @@ class ElasticController:
         self.aggregator = StepAggregator(size)
         self.bar.start_at(start)
         every = self._snapshot_every(plan)
-        streams = [Stream(m, m.actor.train.remote(every)) for m in members]
+        self.state.trace.clear()  # only the gang that ran the traced steps sends records
+        streams = [Stream(m, m.actor.train.remote(every, config.trace_steps)) for m in members]
         return self._follow(streams, members)
 
     def _snapshot_every(self, plan: Plan) -> int | None:
@@ -269,6 +271,8 @@ class ElasticController:
                         reports.append(item)
                     elif isinstance(item, SnapshotPart):
                         self._add_snapshot_part(item, len(members))
+                    elif isinstance(item, TraceBatch):
+                        self.state.trace.extend(item.records)
             self._record(reports)
             now = time.monotonic()
             if interrupted_at is None and any(isinstance(s.result, Interrupted) for s in streams):

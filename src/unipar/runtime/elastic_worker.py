@@ -36,6 +36,7 @@ from unipar.runtime.snapshot import (
     load_from_memory,
     save_to_memory,
 )
+from unipar.runtime.tracing import TraceBatch
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, Trainer, TrainOutcome
 
 
@@ -162,10 +163,13 @@ class ElasticWorker:
             collective=torch.distributed.is_initialized(),
         )
 
-    def train(self, snapshot_every: int | None) -> Iterator[StepReport | SnapshotPart | StreamEnd]:
+    def train(
+        self, snapshot_every: int | None, trace_steps: int | None = None
+    ) -> Iterator[StepReport | SnapshotPart | TraceBatch | StreamEnd]:
         """Train from the formed state (see module doc), with an in-memory snapshot
         every ``snapshot_every`` steps (0: none; None: as often as 2% of the training
-        time allows, see :class:`SnapshotCadence`) and one before a pause.
+        time allows, see :class:`SnapshotCadence`) and one before a pause; trace the
+        last ``trace_steps`` steps (see :meth:`Trainer.trace`).
 
         Nothing is snapshotted at step 0: the state there is the model built from the
         job's seed, rebuilt identically by any gang (and DCP's ``get_state_dict`` would
@@ -175,6 +179,7 @@ class ElasticWorker:
         assert signal is not None
         steps, every = self.job.steps, self.checkpoints.every
         step = trainer.start_step
+        trainer.trace(trace_steps)
         cadence = SnapshotCadence(snapshot_every, start=step)
         final: Path | None = None
         try:
@@ -186,13 +191,15 @@ class ElasticWorker:
                         yield Paused(step)
                         return
                     try:
-                        report = trainer.train_step(step)
+                        report = trainer.run_step(step)
                     except BaseException:
                         trainer.drop_step()
                         raise
                     step = self.committed = step + 1
                     cadence.add_step(report.seconds)
                     yield report
+                    if (batch := trainer.take_trace(step)) is not None:
+                        yield batch
                     if cadence.due(step) and step < steps:
                         began = time.perf_counter()
                         yield self._snapshot(step)

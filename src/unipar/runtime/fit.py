@@ -20,8 +20,12 @@ from unipar.runtime.elastic import ElasticController
 from unipar.runtime.elastic_plan import require_resizable, resize_plan, sizes_that_work
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.progress import format_summary
+from unipar.runtime.run_trace import write_run_trace
+from unipar.runtime.tracing import traced_steps
 from unipar.runtime.worker_group import check_cluster_resources
 from unipar.validate import check_fit_inputs, check_plan_for_run
+from unipar.viz.draw import require_plot_extra
+from unipar.viz.trace import TraceOutputs
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class FitResult:
     plan: Plan
     explanation: str | None = None  # the planner's, when it chose the plan
     resizes: tuple[Any, ...] = ()  # the elastic gang's ResizeEvents, in order
+    trace: TraceOutputs | None = None  # with ``trace_steps``: trace.json, timeline.png
 
     @property
     def losses(self) -> list[float]:
@@ -57,6 +62,7 @@ class FitResult:
             checkpoint=str(self.final_checkpoint),
             metrics_path=str(self.metrics_path),
             resizes=[str(event) for event in self.resizes],
+            trace=self.trace.describe() if self.trace is not None else None,
         )
 
 
@@ -79,6 +85,7 @@ def fit(
     callbacks: Sequence[Callback] = (),
     elastic: bool = True,
     snapshot_every: int | None = None,
+    trace_steps: int | None = None,
 ) -> FitResult:
     """Train ``job`` on ``workers`` Ray worker processes and return its history.
 
@@ -91,6 +98,11 @@ def fit(
     grows when room comes back (see :mod:`unipar.runtime.elastic`); a fixed number
     recovers live too, with a replacement worker. ``elastic=False``: the old restart
     of the whole gang from the newest disk checkpoint.
+
+    ``trace_steps``: record the last N steps on each pipeline rank (see
+    :mod:`unipar.runtime.tracing`) and write ``RUN_DIR/trace.json``, ``timeline.png``
+    (measured under the cost model's prediction) and the measured vs predicted table,
+    also in :meth:`FitResult.summary`. Off (``None``), nothing is timed.
 
     Joins the Ray instance of this process if there is one, else ``address``, else
     starts an embedded local cluster. Every input is checked (:mod:`unipar.validate`)
@@ -105,6 +117,7 @@ def fit(
         min_workers=least,
         elastic=elastic,
         snapshot_every=snapshot_every,
+        trace_steps=trace_steps,
         cpus_per_worker=cpus_per_worker,
         gpus_per_worker=gpus_per_worker,
         run_dir=default_run_dir(job.name) if run_dir is None else run_dir,
@@ -116,6 +129,9 @@ def fit(
         progress=progress,
         placement_timeout_s=placement_timeout_s,
     )
+    if config.trace_steps is not None:
+        traced_steps(config.trace_steps, 0, job.steps)  # not more steps than the run has
+        require_plot_extra()  # it draws timeline.png at the end: say so before training
     run_dir = config.run_dir.resolve()
     config = replace(config, run_dir=run_dir)
     strategy = None if plan is None or isinstance(plan, Plan) else Strategy.parse(plan)
@@ -156,12 +172,15 @@ def fit(
                 outcome = controller.run()
             finally:
                 metrics.close()
+            if isinstance(controller, ElasticController):
+                plan, explanation = controller.plan or plan, plan_for.explanation
+            trace = None
+            if config.trace_steps is not None and controller.state.trace:
+                trace = write_run_trace(job, plan, config, controller.state.trace, run_dir)
     except BaseException:
         _remove_if_empty(created)  # a failed start leaves no empty run directory behind
         raise
     history = tuple(controller.state.history[s] for s in sorted(controller.state.history))
-    if isinstance(controller, ElasticController):
-        plan, explanation = controller.plan or plan, plan_for.explanation
     return FitResult(
         history=history,
         final_checkpoint=outcome.final_checkpoint,
@@ -173,6 +192,7 @@ def fit(
         plan=plan,
         explanation=explanation,
         resizes=tuple(getattr(controller, "resizes", ())),
+        trace=trace,
     )
 
 

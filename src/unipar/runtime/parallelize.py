@@ -39,6 +39,7 @@ from unipar.runtime.tensor_parallel import (
     placements,
     tensor_parallel_roles,
 )
+from unipar.runtime.tracing import TracedAction
 from unipar.runtime.weights import clean_name, load_reference_weights
 
 Microbatch = tuple[torch.Tensor, torch.Tensor]
@@ -59,6 +60,7 @@ class ParallelModel:
     schedule: Any = None
     pp_group: Any = None
     tied: list[TiedCopies] = field(default_factory=list)
+    tracer: Any = None  # a StepTracer timing each micro-batch (no pipeline), else None
 
     @property
     def data_replica(self) -> int:
@@ -102,10 +104,20 @@ class ParallelModel:
             with _gradient_sync(
                 self.parts[0], enabled=last, keep_gathered=not self.plan.reshard_after_forward
             ):
-                loss = loss_fn(self.parts[0](inputs), targets) / len(microbatches)
-                loss.backward()
+                with self._span(TracedAction.FORWARD, index):
+                    loss = loss_fn(self.parts[0](inputs), targets) / len(microbatches)
+                with self._span(TracedAction.BACKWARD, index):  # the last one syncs too
+                    loss.backward()
             total = total.to(loss.device) + loss.detach()
         return total
+
+    def _span(
+        self, action: TracedAction, microbatch: int
+    ) -> contextlib.AbstractContextManager[None]:
+        """The tracer's span; untraced, a context that does nothing (no clock read)."""
+        if self.tracer is None:
+            return contextlib.nullcontext()
+        return self.tracer.span(action, 0, microbatch)
 
     def _pipeline_step(self, microbatches: list[Microbatch]) -> torch.Tensor | None:
         losses: list[torch.Tensor] = []

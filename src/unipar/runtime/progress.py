@@ -53,6 +53,7 @@ def format_summary(
     checkpoint: str,
     metrics_path: str,
     resizes: list[str] | None = None,
+    trace: str | None = None,
 ) -> str:
     lines = [
         "unipar run summary",
@@ -64,4 +65,6 @@ def format_summary(
     ]
     if resizes:
         lines.insert(4, f"  resizes       {'; '.join(resizes)}")
+    if trace:
+        lines.append(trace)
     return "\n".join(lines)

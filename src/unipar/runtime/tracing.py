@@ -61,6 +61,28 @@ def traced_steps(trace_steps: int, first_step: int, last_step: int) -> range:
     return range(last_step - trace_steps, last_step)
 
 
+@dataclass(frozen=True)
+class TraceBatch:
+    """One rank's records of the traced steps, sent to the driver once they are over."""
+
+    records: tuple[TraceRecord, ...]
+
+
+def trace_window(trace_steps: int | None, start: int, steps: int) -> range | None:
+    """The steps a run from ``start`` to ``steps`` traces: the last ``trace_steps`` (fewer
+    when a resumed or re-formed run has fewer left); ``None`` when tracing is off."""
+    if trace_steps is None or start >= steps:
+        return None
+    return traced_steps(min(trace_steps, steps - start), start, steps)
+
+
+def traces(coordinates: Any) -> bool:
+    """Whether a rank at ``coordinates`` records: one per pipeline rank (the first data,
+    tensor and context parallel rank); its peers run the same actions at the same
+    times, so the others attach nothing and cost nothing."""
+    return coordinates.dp == coordinates.fsdp == coordinates.tp == coordinates.cp == 0
+
+
 class StepTracer:
     """Records this rank's spans during the steps in ``steps``.
 
@@ -173,6 +195,7 @@ class Attachment:
     def __init__(self) -> None:
         self.stages: list[Any] = []
         self.handles: list[Any] = []
+        self.models: list[Any] = []
 
     def remove(self) -> None:
         for stage in self.stages:
@@ -180,8 +203,11 @@ class Attachment:
                 vars(stage).pop(name, None)  # the class's own method again
         for handle in self.handles:
             handle.remove()
+        for model in self.models:
+            model.tracer = None
         self.stages.clear()
         self.handles.clear()
+        self.models.clear()
 
 
 def trace_pipeline(schedule: Any, tracer: StepTracer, attachment: Attachment) -> None:
@@ -214,12 +240,16 @@ def trace_optimizers(
 
 def attach_tracer(trainer: Any, tracer: StepTracer) -> Attachment:
     """Trace ``trainer`` (a :class:`~unipar.runtime.trainer.Trainer` after ``setup``):
-    its pipeline schedule's actions and its optimizers' steps. Steps are traced when
-    run through :func:`traced_step`; ``.remove()`` on the result detaches it."""
+    its pipeline schedule's actions, or without a pipeline each micro-batch's forward
+    and backward, and its optimizers' steps. Steps are traced when run through
+    :func:`traced_step`; ``.remove()`` on the result detaches it."""
     attachment = Attachment()
     model = trainer.model
     if model.schedule is not None:
         trace_pipeline(model.schedule, tracer, attachment)
+    else:
+        model.tracer = tracer
+        attachment.models.append(model)
     trace_optimizers(trainer.optimizers, tracer, model.coordinates.pp, attachment)
     return attachment
 

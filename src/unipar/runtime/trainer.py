@@ -23,6 +23,15 @@ from unipar.plan import Plan
 from unipar.runtime.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from unipar.runtime.clipping import clip_grad_norm
 from unipar.runtime.parallelize import parallelize
+from unipar.runtime.tracing import (
+    Attachment,
+    StepTracer,
+    TraceBatch,
+    attach_tracer,
+    trace_window,
+    traced_step,
+    traces,
+)
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,8 @@ class Trainer:
         self.device = device
         self.checkpoints = checkpoints
         self.start_step = 0
+        self.tracer: StepTracer | None = None
+        self._attachment: Attachment | None = None
 
     def setup(self, resume_from: Path | None) -> int:
         """Build model, optimizer and data; load ``resume_from``. Returns the first step."""
@@ -201,6 +212,34 @@ class Trainer:
             sample_ids=tuple(counted),
         )
 
+    def trace(self, trace_steps: int | None) -> None:
+        """Record the last ``trace_steps`` steps of this run (from ``start_step``; see
+        :func:`~unipar.runtime.tracing.trace_window`) on this rank if it is one that
+        traces; off (``None``), nothing is attached and :meth:`run_step` is
+        :meth:`train_step`."""
+        window = trace_window(trace_steps, self.start_step, self.job.steps)
+        if window is None or not traces(self.model.coordinates):
+            return
+        self.tracer = StepTracer(self.model.coordinates.pp, window, self.device)
+        self._attachment = attach_tracer(self, self.tracer)
+
+    def run_step(self, step: int) -> StepReport:
+        """One step, traced when tracing is on and ``step`` is in its window."""
+        if self.tracer is None:
+            return self.train_step(step)
+        return traced_step(self, step, self.tracer)
+
+    def take_trace(self, done: int) -> TraceBatch | None:
+        """This rank's records once ``done`` steps end its traced window (the tracer is
+        detached then), else ``None``."""
+        tracer = self.tracer
+        if tracer is None or done != tracer.steps.stop:
+            return None
+        assert self._attachment is not None
+        self._attachment.remove()
+        self.tracer = self._attachment = None
+        return TraceBatch(tuple(tracer.records))
+
     def drop_step(self) -> None:
         """Forget the gradients of a step that failed part-way (a peer was lost)."""
         for optimizer in self.optimizers:
@@ -228,13 +267,16 @@ class Trainer:
             keep=self.checkpoints.keep,
         )
 
-    def train(self) -> Generator[StepReport, None, TrainOutcome]:
+    def train(self) -> Generator[StepReport | TraceBatch, None, TrainOutcome]:
         """Run from ``start_step`` to ``job.steps``, yielding each step's report as it
-        ends; checkpoint every ``checkpoints.every`` steps and at the end."""
+        ends (and the traced steps' records after the last of them); checkpoint every
+        ``checkpoints.every`` steps and at the end."""
         final = None
         for step in range(self.start_step, self.job.steps):
-            yield self.train_step(step)
+            yield self.run_step(step)
             done = step + 1
+            if (batch := self.take_trace(done)) is not None:
+                yield batch
             if done == self.job.steps or done % self.checkpoints.every == 0:
                 final = self.save(done)
         if dist.is_initialized():

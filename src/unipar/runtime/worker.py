@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.runtime.tracing import TraceBatch
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, Trainer, TrainOutcome
 
 
@@ -66,8 +67,12 @@ class TrainWorker:
             )
         return self.trainer.setup(resume_from)
 
-    def train(self) -> Iterator[StepReport | TrainOutcome]:
-        """Each step's report as the step ends, then the outcome."""
+    def train(
+        self, trace_steps: int | None = None
+    ) -> Iterator[StepReport | TraceBatch | TrainOutcome]:
+        """Each step's report as the step ends (and, tracing the last ``trace_steps``,
+        this rank's records after them), then the outcome."""
+        self.trainer.trace(trace_steps)
         try:
             outcome = yield from self.trainer.train()
             yield outcome

@@ -74,8 +74,9 @@ class WorkerGroup:
         ]
 
     def train_streams(self) -> list[ray.ObjectRefGenerator]:
-        """Start training on every worker; each yields its step reports, then its outcome."""
-        return [w.train.remote() for w in self.workers]
+        """Start training on every worker; each yields its step reports (and, tracing,
+        its records), then its outcome."""
+        return [w.train.remote(self.config.trace_steps) for w in self.workers]
 
     def shutdown(self) -> None:
         for worker in self.workers:

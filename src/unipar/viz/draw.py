@@ -4,6 +4,7 @@ with the non-interactive Agg backend. Each function takes data from
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,15 +26,21 @@ PART_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860",
 DPI = 80
 
 
-def pyplot() -> Any:
-    """``matplotlib.pyplot`` on the Agg backend, or a clear error naming the extra."""
-    try:
-        import matplotlib
-    except ImportError:
+def require_plot_extra() -> None:
+    """A clear error naming the extra when matplotlib is not installed (without
+    importing it: a run that will draw at its end checks this before it starts)."""
+    if importlib.util.find_spec("matplotlib") is None:
         raise ConfigError(
             "pictures need matplotlib, which is not installed; install the extra with "
             "`pip install unipar[plot]` (or `pip install matplotlib`)"
-        ) from None
+        )
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, or a clear error naming the extra."""
+    require_plot_extra()
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

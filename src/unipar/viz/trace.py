@@ -127,7 +127,15 @@ def summary_text(rows: Sequence[ComponentError]) -> str:
 class TraceOutputs:
     trace_json: Path
     timeline_png: Path | None
-    summary: str
+    summary: str  # measured vs predicted per component (or why nothing was predicted)
+    records: tuple[TraceRecord, ...] = ()  # what the ranks measured
+
+    def describe(self) -> str:
+        """The run summary's lines about the trace."""
+        files = [str(self.trace_json)] + ([str(self.timeline_png)] if self.timeline_png else [])
+        lines = [f"  trace         {', '.join(files)}"]
+        lines += [f"    {line}" for line in self.summary.splitlines()]
+        return "\n".join(lines)
 
 
 def write_trace(
@@ -153,7 +161,7 @@ def write_trace(
 
         panels = [predicted, measured[-1]] if predicted is not None else [measured[-1]]
         picture = draw_timelines(panels, run_dir / "timeline.png")
-    return TraceOutputs(path, picture, summary)
+    return TraceOutputs(path, picture, summary, tuple(records))
 
 
 def predicted_run_timeline(job: Any, plan: Plan, cluster: ClusterSpec) -> Timeline:
