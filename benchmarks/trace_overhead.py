@@ -2,7 +2,7 @@
 untraced, alternated in one invocation (untraced, traced, untraced, traced).
 
 Each process runs unipar's own Trainer (the code each Ray worker runs) under a gloo
-process group started here; the tracer is attached as the trainer hook will attach it
+process group started here; the tracer is attached as ``Trainer.trace`` attaches it in a run
 (:func:`unipar.runtime.tracing.attach_tracer` / ``traced_step``). The untraced rounds
 run ``trainer.train_step`` with nothing attached. The last traced round also writes
 ``trace.json``, ``timeline.png`` (measured under predicted) and the summary into
