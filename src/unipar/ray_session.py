@@ -39,10 +39,25 @@ logging.getLogger("ray._private.authentication.authentication_token_setup").addF
 )
 
 
-def start_ray(address: str | None, *, num_cpus: int | None = None, checked: bool = False) -> None:
+# What a training worker imports first: a local cluster's idle worker processes import it
+# as they start (Ray's ``preload_python_modules``), while the driver loads the job, so a
+# training actor finds torch imported (measured: an actor's ``import torch`` 3.8 s -> 0.2 s
+# on 2 busy cores). On a cluster started with ``ray start``, the same is
+# ``RAY_preload_python_modules=torch ray start --head``.
+TRAINING_PRELOAD = ("torch",)
+
+
+def start_ray(
+    address: str | None,
+    *,
+    num_cpus: int | None = None,
+    checked: bool = False,
+    preload: tuple[str, ...] = TRAINING_PRELOAD,
+) -> None:
     """Connect to ``address`` (checked first: an unreachable or incompatible cluster
     fails within seconds, see :mod:`unipar.ray_connect`), or start a local Ray without
-    its dashboard (never joining a cluster ``ray start`` left on this machine).
+    its dashboard (never joining a cluster ``ray start`` left on this machine), whose
+    worker processes import ``preload`` as they start.
     ``checked``: ``address`` already passed :func:`~unipar.ray_connect.check_cluster`."""
     from unipar.ray_connect import check_cluster
 
@@ -56,7 +71,8 @@ def start_ray(address: str | None, *, num_cpus: int | None = None, checked: bool
         ray.init(
             address="local",
             num_cpus=num_cpus or os.cpu_count(),
-            _system_config={"worker_niceness": 0},
+            _system_config={"worker_niceness": 0}
+            | ({"preload_python_modules": list(preload)} if preload else {}),
             **options,
         )
 

@@ -26,4 +26,4 @@ def attach_or_start_ray() -> None:
             return
         except ConnectionError:
             pass
-    start_ray(None)
+    start_ray(None, preload=())  # XGBoost's actors never import torch
