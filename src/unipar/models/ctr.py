@@ -4,6 +4,7 @@ hot, most are rare, as in real CTR logs)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -11,8 +12,12 @@ from torch import nn
 
 
 class CTRModel(nn.Module):
-    def __init__(self, rows: int, dim: int = 8, fields: int = 4, hidden: int = 32) -> None:
+    def __init__(
+        self, rows: int, dim: int = 8, fields: int = 4, hidden: int = 32, seed: int | None = None
+    ) -> None:
         super().__init__()
+        if seed is not None:
+            torch.manual_seed(seed)
         self.embedding = nn.Embedding(rows, dim)
         self.mlp = nn.Sequential(nn.Linear(fields * dim, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
@@ -36,6 +41,7 @@ class ZipfClicks:
     seed: int = 0
     workers: int = 1
     distinct: int = 1 << 20  # Zipf support; ids beyond it never occur
+    delay_s: float = 0.0  # time to read a batch (tests slow a run down with it)
 
     def ids(self, generator: torch.Generator, n: int) -> torch.Tensor:
         support = min(self.distinct, self.rows)
@@ -50,6 +56,8 @@ class ZipfClicks:
         return torch.sin(ids.double() * 0.618).float()
 
     def __call__(self, worker: int, clock: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.delay_s:
+            time.sleep(self.delay_s)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + clock * 1009 + worker)
         ids = self.ids(g, self.batch * self.fields).reshape(self.batch, self.fields)
         logits = self.score(ids).sum(1) * 2

@@ -72,8 +72,12 @@ class ShardOptimizer:
             m = state["m"][index] * b1 + (1 - b1) * grad
             v = state["v"][index] * b2 + (1 - b2) * grad * grad
             state["m"][index], state["v"][index] = m, v
-            denom = v.sqrt() / math.sqrt(1 - b2**t) + spec.eps
-            param[index] = p - (spec.lr / (1 - b1**t)) * m / denom
+            if rows is None:  # torch.optim.Adam
+                denom = v.sqrt() / math.sqrt(1 - b2**t) + spec.eps
+                param[index] = p - (spec.lr / (1 - b1**t)) * m / denom
+            else:  # torch.optim.SparseAdam: eps added before the bias correction
+                size = spec.lr * math.sqrt(1 - b2**t) / (1 - b1**t)
+                param[index] = p - size * m / (v.sqrt() + spec.eps)
 
     def state_dict(self) -> dict:
         return {"state": self.state, "steps": self.steps}

@@ -130,12 +130,15 @@ class PSWorker:
                 for name, t in pulled.dense.items():
                     params[name].copy_(t)
 
-    def run(self, data: DataFn, loss_fn: LossFn, budget: Any, slowdown: float = 1.0) -> dict:
+    def run(
+        self, data: DataFn, loss_fn: LossFn, budget: Any, quota: int, slowdown: float = 1.0
+    ) -> dict:
+        """Run ``quota`` clocks, or while the shared ``budget`` actor gives steps."""
         import ray
 
         losses = []
         start = time.perf_counter()
-        while ray.get(budget.take.remote()):
+        while ray.get(budget.take.remote()) if budget is not None else self.clock < quota:
             self.clock += 1
             began = time.perf_counter()
             self._touched: dict[str, torch.Tensor] = {}
@@ -155,7 +158,7 @@ class PSWorker:
                 self.local_optimizer.step()
                 dense = {}
             self.client.push(self.clock, dense, rows)
-            losses.append(float(loss))
+            losses.append(loss.item())
             if slowdown > 1:
                 time.sleep((slowdown - 1) * (time.perf_counter() - began))
         for server in self.client.servers:
@@ -215,7 +218,10 @@ class PSRun:
         steps: int,
         config: PSConfig,
         slowdown: dict[int, float] | None = None,
+        shared_budget: bool = False,
     ) -> None:
+        """``steps`` clocks per worker; with ``shared_budget``, ``steps * workers``
+        worker-steps shared first come first served (fast workers do more)."""
         import ray
 
         model = factory()
@@ -245,7 +251,9 @@ class PSRun:
         )
         del model, state
         self.config = config
-        budget = ray.remote(_Budget).options(num_cpus=0).remote(steps * workers)
+        budget = None
+        if shared_budget:
+            budget = ray.remote(_Budget).options(num_cpus=0).remote(steps * workers)
         port = _free_port()
         actor = ray.remote(PSWorker).options(num_cpus=0)
         self.workers = [
@@ -254,7 +262,7 @@ class PSRun:
         ]
         self.started = time.perf_counter()
         self.refs = [
-            w.run.remote(data, loss_fn, budget, (slowdown or {}).get(r, 1.0))
+            w.run.remote(data, loss_fn, budget, steps, (slowdown or {}).get(r, 1.0))
             for r, w in enumerate(self.workers)
         ]
 
@@ -298,11 +306,27 @@ class PSRun:
         return out
 
 
-def train(factory, data, loss_fn, *, workers, steps, config=PSConfig(), slowdown=None) -> PSResult:
-    """Train ``factory()`` with parameter servers; ``steps`` clocks per worker on
-    average (the run's budget is ``steps * workers`` worker-steps)."""
+def train(
+    factory: Callable[[], nn.Module],
+    data: DataFn,
+    loss_fn: LossFn,
+    *,
+    workers: int,
+    steps: int,
+    config: PSConfig = PSConfig(),
+    slowdown: dict[int, float] | None = None,
+    shared_budget: bool = False,
+) -> PSResult:
+    """Train ``factory()`` with parameter servers (see :class:`PSRun`)."""
     return PSRun(
-        factory, data, loss_fn, workers=workers, steps=steps, config=config, slowdown=slowdown
+        factory,
+        data,
+        loss_fn,
+        workers=workers,
+        steps=steps,
+        config=config,
+        slowdown=slowdown,
+        shared_budget=shared_budget,
     ).result()
 
 
