@@ -21,6 +21,7 @@ from enum import Enum
 from unipar.errors import ConfigError
 
 ROW_ID_BYTES = 8  # int64 ids pushed with each gradient row
+PS_ROUND_TRIPS = 3  # dense pull, row pull, push
 
 
 class SyncKind(Enum):
@@ -62,7 +63,9 @@ class Links:
     all_reduce_bw: float
     worker_bw: float
     server_bw: float
-    latency_s: float = 50e-6
+    latency_s: float = 50e-6  # per all-reduce message
+    ps_latency_s: float = 200e-6  # per server round trip (an actor call)
+    update_bw: float = 10e9  # bytes/s an optimizer update streams
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,8 @@ def price_all_reduce(w: SparseWorkload, links: Links) -> Price:
     grad_bytes = (w.table_rows * w.dim + w.dense_params) * w.bytes_per_value
     moved = 2 * (n - 1) / n * grad_bytes
     comm = moved / links.all_reduce_bw + 2 * (n - 1) * links.latency_s if n > 1 else 0.0
-    return Price(SyncKind.ALL_REDUCE, moved, comm, w.compute_s + comm)
+    update = 3 * grad_bytes / links.update_bw
+    return Price(SyncKind.ALL_REDUCE, moved, comm, w.compute_s + comm + update)
 
 
 def price_ps(w: SparseWorkload, links: Links) -> Price:

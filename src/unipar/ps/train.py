@@ -136,7 +136,7 @@ class PSWorker:
         """Run ``quota`` clocks, or while the shared ``budget`` actor gives steps."""
         import ray
 
-        losses = []
+        losses, step_s = [], []
         start = time.perf_counter()
         while ray.get(budget.take.remote()) if budget is not None else self.clock < quota:
             self.clock += 1
@@ -161,10 +161,12 @@ class PSWorker:
             losses.append(loss.item())
             if slowdown > 1:
                 time.sleep((slowdown - 1) * (time.perf_counter() - began))
+            step_s.append(time.perf_counter() - began)
         for server in self.client.servers:
             ray.get(server.leave.remote(self.rank))
         return {
             "losses": losses,
+            "step_s": step_s,
             "wall_s": time.perf_counter() - start,
             "pulled": self.client.traffic.pulled,
             "pushed": self.client.traffic.pushed,
@@ -191,6 +193,7 @@ class PSWorker:
 @dataclass(frozen=True)
 class PSResult:
     losses: list[list[float]]  # per worker
+    step_s: list[list[float]]  # per worker, each step's time
     params: dict[str, torch.Tensor]  # the trained model's full state
     wall_s: float
     bytes_pulled: int
@@ -283,6 +286,7 @@ class PSRun:
             ray.kill(handle)
         return PSResult(
             losses=[o["losses"] for o in outs],
+            step_s=[o["step_s"] for o in outs],
             params=params,
             wall_s=wall,
             bytes_pulled=sum(o["pulled"] for o in outs),
