@@ -40,6 +40,7 @@ from unipar.ps import (
     choose_grad_sync,
 )
 from unipar.ps.optim import OptimizerKind, OptimizerSpec
+from unipar.ps.partition import TensorInfo, partition
 from unipar.ps.train import PSConfig, PSRun
 
 FIELDS = 4
@@ -115,7 +116,26 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def calibrate(ray, ar_workers) -> Links:
+def row_cost(rows: int, dim: int, n: int = 200_000) -> float:
+    """Seconds per touched row of the PS row path, timed on a table of ``rows`` rows
+    without Ray: unique ids, route to 2 servers, gather (pull), then on the server the
+    unique + index_add of the pushed rows and an SGD update of them."""
+    table = torch.ones(rows, dim)  # written, so no page is first touched while timed
+    parts = partition([TensorInfo("t", (rows, dim), embedding=True)], 2)
+    ids = torch.randint(0, rows, (n,))
+    began = time.perf_counter()
+    unique = torch.unique(ids)
+    server, local = parts.locate("t", unique)
+    for s in range(2):
+        mine = local[server == s]
+        pulled = table[mine]
+        u, inverse = torch.unique(mine, return_inverse=True)
+        summed = torch.zeros(len(u), dim).index_add_(0, inverse, pulled)
+        table[u] = table[u] - 0.1 * summed
+    return (time.perf_counter() - began) / len(unique)
+
+
+def calibrate(ray, ar_workers, rows: int, dim: int) -> Links:
     nbytes = 32 * 2**20
     small, large = ray.get([w.calibrate.remote(4096) for w in ar_workers])[0], None
     large = ray.get([w.calibrate.remote(nbytes) for w in ar_workers])[0]
@@ -132,12 +152,18 @@ def calibrate(ray, ar_workers) -> Links:
         ray.get(echo.tensor.remote(nbytes // 4))
     ps_bw = nbytes / ((time.perf_counter() - began) / 3 - ps_latency)
     ray.kill(echo)
-    big = torch.zeros(nbytes // 4)
+    # the all-reduce side's per-step table work, timed on the real size: a fresh dense
+    # gradient of the table (zero-filled) and an SGD update with it
+    table = torch.ones(rows, dim)
     began = time.perf_counter()
-    for _ in range(3):
-        big.add_(big, alpha=-0.1)
-    update_bw = 3 * nbytes / ((time.perf_counter() - began) / 3)
+    for _ in range(2):
+        grad = torch.zeros(rows, dim)
+        grad[:1000] += 1
+        table.add_(grad, alpha=-0.1)
+    update_bw = 3 * table.numel() * 4 / ((time.perf_counter() - began) / 2)
+    del table, grad
     return Links(
+        row_s=statistics.median(row_cost(rows, dim) for _ in range(3)),
         all_reduce_bw=all_reduce_bw,
         worker_bw=ps_bw,
         server_bw=ps_bw,
@@ -248,7 +274,7 @@ def main() -> None:
     port = _port()
     actor = ray.remote(AllReduceWorker).options(num_cpus=0)
     ar_workers = [actor.remote(r, 2, port, args.rows, args.dim) for r in range(2)]
-    links = calibrate(ray, ar_workers)
+    links = calibrate(ray, ar_workers, args.rows, args.dim)
     print(f"links: {links}", flush=True)
     print(f"{'touched':>9} {'PS ms':>8} {'AR ms':>8} {'PS MiB':>8} {'AR MiB':>8} pick")
     points = []

@@ -66,6 +66,7 @@ class Links:
     latency_s: float = 50e-6  # per all-reduce message
     ps_latency_s: float = 200e-6  # per server round trip (an actor call)
     update_bw: float = 10e9  # bytes/s an optimizer update streams
+    row_s: float = 0.0  # seconds of bookkeeping per touched row (unique, route, gather, scatter)
 
 
 @dataclass(frozen=True)
