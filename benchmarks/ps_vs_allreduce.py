@@ -264,9 +264,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--straggler-rows", type=int, default=100_000)
-    parser.add_argument("--straggler-steps", type=int, default=60)
+    parser.add_argument("--straggler-steps", type=int, default=40)
     parser.add_argument("--staleness", type=int, default=4)
-    parser.add_argument("--delay", type=float, default=0.02)
+    parser.add_argument("--delay", type=float, default=0.1, help="s to read a batch")
     args = parser.parse_args()
     import ray
 
@@ -278,7 +278,7 @@ def main() -> None:
     print(f"links: {links}", flush=True)
     print(f"{'touched':>9} {'PS ms':>8} {'AR ms':>8} {'PS MiB':>8} {'AR MiB':>8} pick")
     points = []
-    for fraction in (float(f) for f in args.fractions.split(",")):
+    for fraction in (float(f) for f in args.fractions.split(",") if f):
         p = sweep_point(ray, args, ar_workers, links, fraction)
         points.append(p)
         print(
@@ -293,7 +293,7 @@ def main() -> None:
     bsp_rate, bsp_loss = out[Consistency.BSP]
     ssp_rate, ssp_loss = out[Consistency.SSP]
     asp_rate, asp_loss = out[Consistency.ASP]
-    right = sum(p["right"] for p in points) / len(points)
+    right = sum(p["right"] for p in points) / max(len(points), 1)
     print(f"load average: {os.getloadavg()}")
     print(
         f"RESULT planner_right={right:.2f} straggler_speedup={ssp_rate / bsp_rate:.2f} "
