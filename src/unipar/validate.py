@@ -324,8 +324,9 @@ def check_plan_for_run(
         )
     if plan.grad_sync is GradSync.PARAMETER_SERVER:
         raise ConfigError(
-            "grad_sync='parameter_server' is not supported yet (gradients are all-reduced); "
-            "pass grad_sync='all_reduce' or leave it out"
+            "grad_sync='parameter_server' is not supported yet by fit (its workers "
+            "all-reduce); train a model with large embedding tables on parameter servers "
+            "with unipar.ps.train, or pass grad_sync='all_reduce' or leave it out"
         )
     from unipar.plan.runtime_support import unsupported_features
 

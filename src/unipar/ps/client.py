@@ -1,0 +1,137 @@
+"""The worker's side of the parameter servers: start the server actors, pull what a
+batch needs (dense tensors, only the touched rows of each table), push gradients
+(sparse rows for tables), and count the bytes moved."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from unipar.ps.consistency import ConsistencySpec
+from unipar.ps.optim import OptimizerSpec
+from unipar.ps.partition import Partitioning
+from unipar.ps.server import ParameterServer, Push
+
+
+def start_servers(
+    parts: Partitioning,
+    initial: dict[str, torch.Tensor],
+    *,
+    optimizer: OptimizerSpec,
+    consistency: ConsistencySpec,
+    num_workers: int,
+    snapshot_dir: str | None = None,
+    snapshot_every: int = 0,
+) -> list[Any]:
+    """One threaded actor per server, restarted by Ray from its latest snapshot if its
+    process dies (``max_restarts``); calls in flight then are retried on the new one."""
+    import ray
+
+    actor = ray.remote(ParameterServer).options(
+        num_cpus=0, max_concurrency=2 * num_workers + 4, max_restarts=4, max_task_retries=-1
+    )
+    servers = []
+    for s in range(parts.num_servers):
+        tensors = {name: initial[name] for name in parts.dense_on(s)}
+        for table in parts.tables:
+            local = torch.arange(parts.rows_on(table, s))
+            tensors[table] = initial[table][parts.global_ids(table, s, local)]
+        path = f"{snapshot_dir}/server{s}.pt" if snapshot_dir else None
+        servers.append(
+            actor.remote(
+                s,
+                tensors,
+                set(parts.tables),
+                optimizer,
+                consistency,
+                num_workers,
+                path,
+                snapshot_every,
+            )
+        )
+    return servers
+
+
+@dataclass
+class Traffic:
+    """Bytes this worker pulled and pushed."""
+
+    pulled: int = 0
+    pushed: int = 0
+    per_step: list[int] = field(default_factory=list)
+
+
+def _nbytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """What a pull returned: dense tensors by name; per table, the unique global ids
+    touched and their rows (in that order)."""
+
+    dense: dict[str, torch.Tensor]
+    ids: dict[str, torch.Tensor]
+    rows: dict[str, torch.Tensor]
+
+
+class PSClient:
+    def __init__(self, worker: int, parts: Partitioning, servers: list[Any]) -> None:
+        self.worker = worker
+        self.parts = parts
+        self.servers = servers
+        self.traffic = Traffic()
+
+    def pull(self, clock: int, ids: dict[str, torch.Tensor], dense: bool = True) -> Pulled:
+        """Dense tensors (if ``dense``) and the rows of each table that ``ids`` touch."""
+        import ray
+
+        unique = {t: torch.unique(i) for t, i in ids.items()}
+        where = {t: self.parts.locate(t, u) for t, u in unique.items()}
+        calls = []
+        for s, server in enumerate(self.servers):
+            rows = {t: local[srv == s] for t, (srv, local) in where.items()}
+            names = self.parts.dense_on(s) if dense else []
+            calls.append(server.pull.remote(self.worker, clock, names, rows))
+        replies = ray.get(calls)
+        out_dense: dict[str, torch.Tensor] = {}
+        out_rows: dict[str, torch.Tensor] = {}
+        for d, _ in replies:
+            out_dense.update(d)
+        for t, u in unique.items():
+            srv = where[t][0]
+            rows = torch.empty(len(u), self._dim(replies, t))
+            for s, (_, r) in enumerate(replies):
+                rows[srv == s] = r[t]
+            out_rows[t] = rows
+        self.traffic.pulled += _nbytes(out_dense.values()) + _nbytes(out_rows.values())
+        return Pulled(out_dense, unique, out_rows)
+
+    @staticmethod
+    def _dim(replies: list, table: str) -> int:
+        return max(r[table].shape[1] for _, r in replies)
+
+    def push(
+        self,
+        clock: int,
+        dense: dict[str, torch.Tensor],
+        rows: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    ) -> None:
+        """Gradients of ``clock``: dense by name; per table (unique global ids, rows)."""
+        import ray
+
+        where = {t: self.parts.locate(t, ids) for t, (ids, _) in rows.items()}
+        calls = []
+        for s, server in enumerate(self.servers):
+            mine = {name: dense[name] for name in self.parts.dense_on(s) if name in dense}
+            sparse = {
+                t: (local[srv == s], rows[t][1][srv == s]) for t, (srv, local) in where.items()
+            }
+            calls.append(server.push.remote(self.worker, clock, Push(mine, sparse)))
+        ray.get(calls)
+        pushed = _nbytes(dense.values()) + sum(
+            _nbytes([g]) + _nbytes([i]) for i, g in rows.values()
+        )
+        self.traffic.pushed += pushed

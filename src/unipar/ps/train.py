@@ -1,0 +1,337 @@
+"""Training with parameter servers on Ray: the driver partitions the model, starts the
+servers and one worker actor per data shard; each worker loops pull -> forward/backward
+-> push under the consistency model until a shared step budget is spent.
+
+The model is a plain ``nn.Module``; its ``nn.Embedding`` tables live on the servers and
+the worker's copy gets, at each lookup, only the rows the batch touches (a forward
+pre-hook swaps in the pulled rows and renumbers the ids). Dense tensors live on the
+servers too, or (``serve_dense=False``) stay on the workers and are all-reduced with
+gloo, each worker then stepping a local ``torch.optim`` optimizer.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from unipar.ps.client import PSClient, start_servers
+from unipar.ps.consistency import Consistency, ConsistencySpec
+from unipar.ps.optim import OptimizerKind, OptimizerSpec
+from unipar.ps.partition import Partitioning, RowSharding, TensorInfo, partition
+from unipar.ps.worth import check_worth_serving
+
+DataFn = Callable[[int, int], Any]  # (worker, clock) -> batch
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class PSConfig:
+    num_servers: int = 1
+    sharding: RowSharding = RowSharding.RANGE
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    consistency: ConsistencySpec = field(default_factory=ConsistencySpec)
+    serve_dense: bool = True  # False: dense tensors all-reduced among the workers
+    snapshot_dir: str | None = None
+    snapshot_every: int = 0  # clocks between server snapshots (0: none)
+
+
+def tensor_infos(model: nn.Module) -> list[TensorInfo]:
+    tables = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Embedding)}
+    return [
+        TensorInfo(name, tuple(p.shape), name in tables) for name, p in model.named_parameters()
+    ]
+
+
+class _Budget:
+    """Steps left to the whole run (workers take one per clock)."""
+
+    def __init__(self, steps: int) -> None:
+        self.left = steps
+
+    def take(self) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+
+def _torch_optimizer(spec: OptimizerSpec, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    if spec.kind is OptimizerKind.SGD:
+        return torch.optim.SGD(params, lr=spec.lr)
+    if spec.kind is OptimizerKind.ADAGRAD:
+        return torch.optim.Adagrad(params, lr=spec.lr)
+    return torch.optim.Adam(params, lr=spec.lr, betas=spec.betas, eps=spec.eps)
+
+
+class PSWorker:
+    """One data-parallel worker (a Ray actor)."""
+
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        factory: Callable[[], nn.Module],
+        parts: Partitioning,
+        servers: list[Any],
+        config: PSConfig,
+        dense_init: dict[str, torch.Tensor] | None,
+        port: int,
+    ) -> None:
+        self.rank, self.world, self.config = rank, world, config
+        self.client = PSClient(rank, parts, servers)
+        with torch.device("meta"):
+            self.model = factory()
+        self.tables = {
+            f"{name}.weight": m
+            for name, m in self.model.named_modules()
+            if isinstance(m, nn.Embedding)
+        }
+        for table, module in self.tables.items():
+            module.register_forward_pre_hook(self._lookup_hook(table))
+        self.clock = 0
+        self.local_optimizer = None
+        if dense_init is not None:  # dense tensors stay here, all-reduced
+            self.model.load_state_dict(dense_init, strict=False, assign=True)
+            dense = [p for n, p in self.model.named_parameters() if n not in self.tables]
+            self.local_optimizer = _torch_optimizer(config.optimizer, dense)
+            if world > 1:
+                import torch.distributed as dist
+
+                dist.init_process_group(
+                    "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+                )
+
+    def _lookup_hook(self, table: str) -> Callable:
+        def hook(module: nn.Embedding, args: tuple) -> tuple:
+            (ids, *rest) = args
+            pulled = self.client.pull(self.clock, {table: ids.reshape(-1)}, dense=False)
+            module.weight = nn.Parameter(pulled.rows[table])
+            self._touched[table] = pulled.ids[table]
+            local = torch.searchsorted(pulled.ids[table], ids)
+            return (local, *rest)
+
+        return hook
+
+    def _load_dense(self) -> None:
+        pulled = self.client.pull(self.clock, {}, dense=True)
+        if self.clock == 1:
+            self.model.load_state_dict(pulled.dense, strict=False, assign=True)
+            for name, p in self.model.named_parameters():
+                if name not in self.tables:
+                    p.requires_grad_(True)
+        else:
+            with torch.no_grad():
+                params = dict(self.model.named_parameters())
+                for name, t in pulled.dense.items():
+                    params[name].copy_(t)
+
+    def run(
+        self, data: DataFn, loss_fn: LossFn, budget: Any, quota: int, slowdown: float = 1.0
+    ) -> dict:
+        """Run ``quota`` clocks, or while the shared ``budget`` actor gives steps."""
+        import ray
+
+        losses, step_s = [], []
+        start = time.perf_counter()
+        while ray.get(budget.take.remote()) if budget is not None else self.clock < quota:
+            self.clock += 1
+            began = time.perf_counter()
+            self._touched: dict[str, torch.Tensor] = {}
+            if self.local_optimizer is None:
+                self._load_dense()
+            self.model.zero_grad(set_to_none=True)
+            loss = loss_fn(self.model, data(self.rank, self.clock))
+            loss.backward()
+            rows = {t: (self._touched[t], self.tables[t].weight.grad) for t in self._touched}
+            dense = {
+                n: p.grad
+                for n, p in self.model.named_parameters()
+                if n not in self.tables and p.grad is not None
+            }
+            if self.local_optimizer is not None:
+                self._all_reduce(dense)
+                self.local_optimizer.step()
+                dense = {}
+            self.client.push(self.clock, dense, rows)
+            losses.append(loss.item())
+            if slowdown > 1:
+                time.sleep((slowdown - 1) * (time.perf_counter() - began))
+            step_s.append(time.perf_counter() - began)
+        for server in self.client.servers:
+            ray.get(server.leave.remote(self.rank))
+        return {
+            "losses": losses,
+            "step_s": step_s,
+            "wall_s": time.perf_counter() - start,
+            "pulled": self.client.traffic.pulled,
+            "pushed": self.client.traffic.pushed,
+            "dense": {
+                n: p.detach().clone()
+                for n, p in self.model.named_parameters()
+                if n not in self.tables
+            }
+            if self.local_optimizer
+            else {},
+        }
+
+    def _all_reduce(self, grads: dict[str, torch.Tensor]) -> None:
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+
+        for g in grads.values():
+            dist.all_reduce(g)
+            g.div_(self.world)
+            self.client.traffic.pushed += g.numel() * g.element_size()
+
+
+@dataclass(frozen=True)
+class PSResult:
+    losses: list[list[float]]  # per worker
+    step_s: list[list[float]]  # per worker, each step's time
+    params: dict[str, torch.Tensor]  # the trained model's full state
+    wall_s: float
+    bytes_pulled: int
+    bytes_pushed: int
+    steps: int
+    server_status: list[dict]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PSRun:
+    """A running PS job: ``start`` returns at once; ``result`` waits for it."""
+
+    def __init__(
+        self,
+        factory: Callable[[], nn.Module],
+        data: DataFn,
+        loss_fn: LossFn,
+        *,
+        workers: int,
+        steps: int,
+        config: PSConfig,
+        slowdown: dict[int, float] | None = None,
+        shared_budget: bool = False,
+    ) -> None:
+        """``steps`` clocks per worker; with ``shared_budget``, ``steps * workers``
+        worker-steps shared first come first served (fast workers do more)."""
+        import ray
+
+        model = factory()
+        infos = tensor_infos(model)
+        check_worth_serving(infos, serve_dense=config.serve_dense)
+        served = infos if config.serve_dense else [t for t in infos if t.embedding]
+        self.parts = partition(served, config.num_servers, config.sharding)
+        state = {n: p.detach() for n, p in model.named_parameters()}
+        if config.snapshot_dir:
+            shutil.rmtree(config.snapshot_dir, ignore_errors=True)
+            import os
+
+            os.makedirs(config.snapshot_dir)
+        self.servers = start_servers(
+            self.parts,
+            state,
+            optimizer=config.optimizer,
+            consistency=config.consistency,
+            num_workers=workers,
+            snapshot_dir=config.snapshot_dir,
+            snapshot_every=config.snapshot_every,
+        )
+        dense_init = (
+            None
+            if config.serve_dense
+            else {n: t for n, t in state.items() if n not in self.parts.tables}
+        )
+        del model, state
+        self.config = config
+        budget = None
+        if shared_budget:
+            budget = ray.remote(_Budget).options(num_cpus=0).remote(steps * workers)
+        port = _free_port()
+        actor = ray.remote(PSWorker).options(num_cpus=0)
+        self.workers = [
+            actor.remote(r, workers, factory, self.parts, self.servers, config, dense_init, port)
+            for r in range(workers)
+        ]
+        self.started = time.perf_counter()
+        self.refs = [
+            w.run.remote(data, loss_fn, budget, steps, (slowdown or {}).get(r, 1.0))
+            for r, w in enumerate(self.workers)
+        ]
+
+    def server_status(self) -> list[dict]:
+        import ray
+
+        return ray.get([s.status.remote() for s in self.servers])
+
+    def result(self) -> PSResult:
+        import ray
+
+        outs = ray.get(self.refs)
+        wall = time.perf_counter() - self.started
+        params = self.gather()
+        params.update(outs[0]["dense"])
+        status = self.server_status()
+        for handle in [*self.workers, *self.servers]:
+            ray.kill(handle)
+        return PSResult(
+            losses=[o["losses"] for o in outs],
+            step_s=[o["step_s"] for o in outs],
+            params=params,
+            wall_s=wall,
+            bytes_pulled=sum(o["pulled"] for o in outs),
+            bytes_pushed=sum(o["pushed"] for o in outs),
+            steps=sum(len(o["losses"]) for o in outs),
+            server_status=status,
+        )
+
+    def gather(self) -> dict[str, torch.Tensor]:
+        import ray
+
+        states = ray.get([s.state.remote() for s in self.servers])
+        out = {}
+        for name, rows in self.parts.tables.items():
+            table = torch.empty(rows, states[0][name].shape[1])
+            for s, st in enumerate(states):
+                table[self.parts.global_ids(name, s, torch.arange(len(st[name])))] = st[name]
+            out[name] = table
+        for name, s in self.parts.dense.items():
+            out[name] = states[s][name]
+        return out
+
+
+def train(
+    factory: Callable[[], nn.Module],
+    data: DataFn,
+    loss_fn: LossFn,
+    *,
+    workers: int,
+    steps: int,
+    config: PSConfig = PSConfig(),
+    slowdown: dict[int, float] | None = None,
+    shared_budget: bool = False,
+) -> PSResult:
+    """Train ``factory()`` with parameter servers (see :class:`PSRun`)."""
+    return PSRun(
+        factory,
+        data,
+        loss_fn,
+        workers=workers,
+        steps=steps,
+        config=config,
+        slowdown=slowdown,
+        shared_budget=shared_budget,
+    ).result()
+
+
+__all__ = ["Consistency", "PSConfig", "PSResult", "PSRun", "train"]

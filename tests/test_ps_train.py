@@ -1,0 +1,118 @@
+"""Parameter servers on the session Ray: synchronous PS equals one process, SSP with
+s=0 equals BSP, dense all-reduce mixed with served embeddings, and a server killed
+with SIGKILL mid-run is restored from its snapshot."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from unipar.models.ctr import CTRModel, ZipfClicks, ctr_loss
+from unipar.ps.consistency import Consistency, ConsistencySpec
+from unipar.ps.optim import OptimizerKind, OptimizerSpec
+from unipar.ps.partition import RowSharding
+from unipar.ps.train import PSConfig, PSRun, train
+
+ROWS, WORKERS, STEPS = 300, 2, 4
+TOL = {"rtol": 1e-4, "atol": 1e-5}  # float32 sums in another order
+
+
+factory = functools.partial(CTRModel, ROWS, dim=4, fields=3, hidden=8, seed=0)
+
+
+DATA = ZipfClicks(ROWS, batch=16, fields=3, distinct=ROWS)
+
+
+def single_process(kind: OptimizerKind, lr: float):
+    """The same steps in one process on the global batch (both workers' batches)."""
+    model = factory()
+    model.embedding.sparse = True
+    dense = [p for n, p in model.named_parameters() if not n.startswith("embedding")]
+    if kind is OptimizerKind.ADAM:
+        opts = [
+            torch.optim.SparseAdam([model.embedding.weight], lr=lr),
+            torch.optim.Adam(dense, lr=lr),
+        ]
+    else:
+        opts = [torch.optim.SGD(model.parameters(), lr=lr)]
+    losses = []
+    for clock in range(1, STEPS + 1):
+        batches = [DATA(w, clock) for w in range(WORKERS)]
+        batch = tuple(torch.cat(parts) for parts in zip(*batches, strict=True))
+        for o in opts:
+            o.zero_grad()
+        loss = ctr_loss(model, batch)
+        loss.backward()
+        for o in opts:
+            o.step()
+        losses.append(loss.item())
+    return losses, {n: p.detach() for n, p in model.named_parameters()}
+
+
+def run(config: PSConfig):
+    return train(factory, DATA, ctr_loss, workers=WORKERS, steps=STEPS, config=config)
+
+
+@pytest.mark.parametrize(
+    ("kind", "servers", "sharding", "serve_dense"),
+    [
+        (OptimizerKind.ADAM, 2, RowSharding.HASH, True),
+        (OptimizerKind.SGD, 3, RowSharding.RANGE, False),
+    ],
+)
+def test_synchronous_ps_equals_one_process(ray_cluster, kind, servers, sharding, serve_dense):
+    lr = 0.05
+    want_losses, want = single_process(kind, lr)
+    config = PSConfig(servers, sharding, OptimizerSpec(kind, lr=lr), serve_dense=serve_dense)
+    got = run(config)
+    mean = [sum(ls) / WORKERS for ls in zip(*got.losses, strict=True)]
+    assert mean == pytest.approx(want_losses, rel=1e-5)
+    for name, value in want.items():
+        torch.testing.assert_close(got.params[name], value, **TOL)
+    assert got.bytes_pulled > 0 and got.bytes_pushed > 0
+
+
+def test_ssp_zero_equals_bsp(ray_cluster):
+    opt = OptimizerSpec(OptimizerKind.ADAGRAD, lr=0.05)
+    bsp = run(PSConfig(2, optimizer=opt))
+    ssp = run(PSConfig(2, optimizer=opt, consistency=ConsistencySpec(Consistency.SSP, 0)))
+    assert ssp.losses == bsp.losses
+    for name, value in bsp.params.items():
+        assert torch.equal(ssp.params[name], value), name
+
+
+def test_sigkilled_server_is_restored_from_its_snapshot(ray_cluster, tmp_path):
+    steps, every = 40, 5
+    config = PSConfig(
+        2, optimizer=OptimizerSpec(lr=0.05), snapshot_dir=str(tmp_path), snapshot_every=every
+    )
+    job = PSRun(
+        factory,
+        dataclasses.replace(DATA, delay_s=0.05),
+        ctr_loss,
+        workers=WORKERS,
+        steps=steps,
+        config=config,
+    )
+    while job.server_status()[1]["applied"] < 13:  # mid-interval: last snapshot at 10
+        time.sleep(0.05)
+    before = job.server_status()[1]
+    os.kill(before["pid"], signal.SIGKILL)
+    result = job.result()
+    after = result.server_status[1]
+    assert after["pid"] != before["pid"] and after["restored_from"] is not None
+    lost = before["applied"] - after["restored_from"]
+    print(
+        f"server 1 killed at clock {before['applied']}, restored from "
+        f"{after['restored_from']}: {lost} clock(s) lost"
+    )
+    # restored from the latest snapshot: it lost only the clocks applied since then
+    assert after["restored_from"] >= before["snapshot_clock"] and lost <= every
+    assert [len(ls) for ls in result.losses] == [steps] * WORKERS  # training finished
+    assert after["applied"] == steps
