@@ -233,25 +233,47 @@ def _dp_candidate(
     _, per = water_fill(times, [r.replicas for r in usable], total)
     # Hand out exactly ``total``: fastest replicas first, ``per`` each at most.
     left = total
-    shares: list[tuple[_Replica, tuple[int, ...]]] = []
-    order = sorted(range(len(usable)), key=lambda i: times[i])
-    counts: dict[int, list[int]] = {}
-    for i in order:
+    counts: dict[int, tuple[int, ...]] = {}
+    for i in sorted(range(len(usable)), key=lambda i: times[i]):
         take = []
         for _ in range(usable[i].replicas):
-            n = min(per[i], left)
-            take.append(n)
-            left -= n
-        counts[i] = take
-    for i, r in enumerate(usable):
-        shares.append((r, tuple(counts[i])))
-    compute = max(t * max(counts[i]) for i, t in enumerate(times))
-    replica_count = sum(r.replicas for r in usable)
-    params = sum(layer.params for layer in layers)
-    link = between if len(usable) > 1 else usable[0].group.inter_node
-    grad_bytes = params * usable[0].group.device.bytes_per_element
-    allreduce = _ring_s(grad_bytes, replica_count, link)
-    return compute + allreduce, shares
+            take.append(min(per[i], left))
+            left -= take[-1]
+        counts[i] = tuple(take)
+    shares = [(r, counts[i]) for i, r in enumerate(usable)]
+    return _dp_step_s(shares, layers, mb, between), shares
+
+
+def _dp_step_s(
+    shares: list[tuple[_Replica, tuple[int, ...]]],
+    layers: tuple[LayerProfile, ...],
+    mb: int,
+    between: LinkSpec,
+) -> float:
+    """The slowest replica's compute, then the ring all-reduce of the gradients over
+    every replica that takes part."""
+    compute = max(r.sample_s * mb * max(counts) for r, counts in shares)
+    taking = [(r, c) for r, c in shares if any(c)]
+    ranks = sum(len([n for n in c if n]) for _, c in taking)
+    groups = {r.group.name for r, _ in taking}
+    link = between if len(groups) > 1 else taking[0][0].group.inter_node
+    grad_bytes = sum(x.params for x in layers) * taking[0][0].group.device.bytes_per_element
+    return compute + _ring_s(grad_bytes, ranks, link)
+
+
+def predict_data_parallel(
+    layers: tuple[LayerProfile, ...],
+    cluster: HeteroCluster,
+    microbatches: tuple[tuple[int, ...], ...],
+    microbatch_size: int,
+) -> float:
+    """Predicted step time of a data-parallel plan with the given micro-batch counts
+    per replica of each group (tp=1), e.g. an even split to compare with."""
+    shares = [
+        (_replica(g, 1, layers), counts)
+        for g, counts in zip(cluster.groups, microbatches, strict=True)
+    ]
+    return _dp_step_s(shares, layers, microbatch_size, cluster.link_between_groups)
 
 
 def _partition(
