@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
 
 from unipar.cluster.hetero import (
+    hetero_cluster_from_nodes,
     hetero_cluster_from_yaml,
     parse_hetero_cluster,
 )
@@ -130,3 +133,35 @@ def test_search_scales_to_1000_devices_of_3_types():
     small = timed("8xa100-80g+16xv100-16g+8xh100-80g")
     large = timed("400xa100-80g+400xv100-16g+200xh100-80g")
     assert large < 5 * small + 0.5
+
+
+def test_ray_node_types_become_groups():
+    nodes = [
+        {"CPU": 96, "GPU": 8, "accelerator_type:A100": 1},
+        {"CPU": 96, "GPU": 8, "accelerator_type:A100": 1},
+        {"CPU": 64, "GPU": 8, "accelerator_type:V100": 1},
+        {"CPU": 16},  # a CPU-only head node: not a training device here
+    ]
+    cluster = hetero_cluster_from_nodes(nodes)
+    assert [(g.device.name, g.cluster.nodes, g.count) for g in cluster.groups] == [
+        ("A100-SXM4-80GB", 2, 16),
+        ("V100-SXM2-16GB", 1, 8),
+    ]
+    with pytest.raises(ConfigError, match="'MI300X'"):
+        hetero_cluster_from_nodes([{"GPU": 8, "accelerator_type:MI300X": 1}])
+
+
+def test_cli_plans_a_mixed_cluster():
+    command = [sys.executable, "-m", "unipar", "plan", "gpt", "--global-batch", "32"]
+    out = subprocess.run(
+        [*command, "--cluster", "4xa100-80g+8xv100-16g", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    plan = HeteroPlan.from_json(out.stdout)
+    assert {a.group for a in plan.assignments} == {"0:a100-80g", "1:v100-16g"}
+    bad = subprocess.run(
+        [*command, "--cluster", "4xa100-80g+8xb200"], capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "unknown device 'b200'" in bad.stderr

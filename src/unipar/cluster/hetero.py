@@ -157,3 +157,45 @@ def hetero_cluster_from_yaml(text: str) -> HeteroCluster:
     import yaml
 
     return hetero_cluster_from_dict(yaml.safe_load(text))
+
+
+# Ray's accelerator_type resource names -> presets with that device.
+RAY_ACCELERATOR_PRESETS = {
+    "H100": "h100-80g",
+    "H200": "h200-141g",
+    "A100": "a100-80g",
+    "A100-80G": "a100-80g",
+    "A100-40G": "a100-40g",
+    "V100": "v100-16g",
+}
+
+
+def hetero_cluster_from_nodes(
+    nodes: list[dict[str, float]], cpu_cluster: ClusterSpec | None = None
+) -> HeteroCluster:
+    """Node groups from Ray nodes' resource dicts (``ray.nodes()[i]["Resources"]``):
+    nodes of one accelerator type and GPU count form a group; nodes without GPUs form
+    CPU groups of ``cpu_cluster``'s device (one worker per CPU), if given."""
+    shapes: dict[tuple[str, int], int] = {}
+    for resources in nodes:
+        gpus = int(resources.get("GPU", 0))
+        types = [k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")]
+        if gpus:
+            kind = types[0] if types else "A100"
+            if kind not in RAY_ACCELERATOR_PRESETS:
+                raise ConfigError(
+                    f"unknown device {kind!r} on a Ray node (accelerator_type); known: "
+                    f"{sorted(RAY_ACCELERATOR_PRESETS)}"
+                )
+            key = (RAY_ACCELERATOR_PRESETS[kind], gpus)
+        elif cpu_cluster is not None and int(resources.get("CPU", 0)):
+            key = ("cpu", int(resources["CPU"]))
+        else:
+            continue
+        shapes[key] = shapes.get(key, 0) + 1
+    groups = []
+    for index, ((preset, per_node), count) in enumerate(sorted(shapes.items())):
+        base = cpu_cluster if preset == "cpu" else PRESETS[preset]
+        assert base is not None
+        groups.append(NodeGroup(f"{index}:{preset}", base.resized(count, per_node)))
+    return HeteroCluster(tuple(groups))
