@@ -5,8 +5,9 @@ so the third is about twice as fast. A calibration run (even split) measures eac
 worker's seconds per sample and the gradient all-reduce; the cluster they make (one
 group per worker, its measured rate as its peak) goes to the heterogeneous planner,
 whose uneven plan is then run and compared with the best even split (all three
-workers, or the fast worker alone), measured in the same invocation. Prints measured
-and predicted step times (medians after one warm-up step). Last line:
+workers, or the fast worker alone), measured in the same invocation, in two rounds of
+calibrate-then-run. Prints measured and predicted step times (medians after one warm-up
+step); the ratio takes each case's median over rounds, pred_err the median over all runs. Last line:
 ``RESULT uneven_vs_even=<uneven / best even, measured> pred_err=<median |pred/meas - 1|>``.
 """
 
@@ -33,7 +34,7 @@ from unipar.runtime.uneven_dp import train_uneven
 from unipar.testing import RandomRegression, mse_loss
 
 CONFIG = MLPConfig(in_features=256, hidden=256, layers=4, out_features=16, expansion=4)
-BATCH, MICRO, STEPS = 384, 32, 5
+BATCH, MICRO, STEPS, ROUNDS = 384, 32, 4, 2
 CPUS = [[0], [0], [1]]
 
 
@@ -90,50 +91,54 @@ def _run(samples: list[int], cpus: list[list[int]]) -> float:
     return _median(result.step_s)
 
 
+def _round(even: list[int]) -> dict[str, tuple[list[int], float, float]]:
+    """Calibrate, plan, and run each case: name -> (shares, predicted, measured)."""
+    calib = train_uneven(_job(4), even, MICRO, cpus=CPUS)
+    sample_s = [_median(c) / n for c, n in zip(calib.compute_s, even, strict=True)]
+    computed = [max(c[k] for c in calib.compute_s) for k in range(len(calib.step_s))]
+    allreduce_s = max(1e-4, _median([s - c for s, c in zip(calib.step_s, computed, strict=True)]))
+    print(
+        "measured s/sample:",
+        [f"{s * 1e3:.2f} ms" for s in sample_s],
+        f"all-reduce {allreduce_s * 1e3:.1f} ms",
+    )
+    cluster = _cluster(sample_s, allreduce_s)
+    layers = _layers()
+    plan = plan_hetero(
+        layers, cluster, BATCH, kinds=(HeteroKind.DATA_PARALLEL,), microbatch_sizes=(MICRO,)
+    )
+    m = BATCH // MICRO
+    cases = {
+        "uneven (planner)": (list(plan.replica_samples), CPUS, plan.predicted_step_s),
+        "even, 3 workers": (
+            even,
+            CPUS,
+            predict_data_parallel(layers, cluster, ((m // 3,),) * 3, MICRO),
+        ),
+        "even, fast worker alone": (
+            [BATCH],
+            [CPUS[2]],
+            predict_data_parallel(layers, cluster, ((0,), (0,), (m,)), MICRO),
+        ),
+    }
+    out = {}
+    for name, (samples, cpus, predicted) in cases.items():
+        measured = _run(samples, cpus)
+        out[name] = (samples, predicted, measured)
+        print(f"{name:26s} shares={samples} measured {measured:.3f} s predicted {predicted:.3f} s")
+    return out
+
+
 def main() -> None:
     ray.init(address="local", num_cpus=3, include_dashboard=False, logging_level=logging.WARNING)
     try:
         print(f"load average before: {os.getloadavg()}")
         even = [BATCH // 3] * 3
-        calib = train_uneven(_job(4), even, MICRO, cpus=CPUS)
-        sample_s = [_median(c) / n for c, n in zip(calib.compute_s, even, strict=True)]
-        computed = [max(c[k] for c in calib.compute_s) for k in range(len(calib.step_s))]
-        allreduce_s = max(
-            1e-4, _median([s - c for s, c in zip(calib.step_s, computed, strict=True)])
-        )
-        print(
-            "measured s/sample:",
-            [f"{s * 1e3:.2f} ms" for s in sample_s],
-            f"all-reduce {allreduce_s * 1e3:.1f} ms",
-        )
-        cluster = _cluster(sample_s, allreduce_s)
-        layers = _layers()
-        plan = plan_hetero(
-            layers, cluster, BATCH, kinds=(HeteroKind.DATA_PARALLEL,), microbatch_sizes=(MICRO,)
-        )
-        uneven = list(plan.replica_samples)
-        m = BATCH // MICRO
-        cases = {
-            "uneven (planner)": (uneven, CPUS, plan.predicted_step_s),
-            "even, 3 workers": (
-                even,
-                CPUS,
-                predict_data_parallel(layers, cluster, ((m // 3,),) * 3, MICRO),
-            ),
-            "even, fast worker alone": (
-                [BATCH],
-                [CPUS[2]],
-                predict_data_parallel(layers, cluster, ((0,), (0,), (m,)), MICRO),
-            ),
-        }
-        measured, errors = {}, []
-        for name, (samples, cpus, predicted) in cases.items():
-            measured[name] = _run(samples, cpus)
-            errors.append(abs(predicted / measured[name] - 1))
-            print(
-                f"{name:26s} shares={samples} measured {measured[name]:.3f} s "
-                f"predicted {predicted:.3f} s"
-            )
+        # Rounds of calibrate-then-run, so that each prediction uses speeds measured
+        # minutes, not tens of minutes, before (the machine is shared).
+        rounds = [_round(even) for _ in range(ROUNDS)]
+        errors = [abs(p / m - 1) for r in rounds for _, p, m in r.values()]
+        measured = {name: statistics.median(r[name][2] for r in rounds) for name in rounds[0]}
         best_even = min(measured["even, 3 workers"], measured["even, fast worker alone"])
         print(f"load average after: {os.getloadavg()}")
         ratio = measured["uneven (planner)"] / best_even
