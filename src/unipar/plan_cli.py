@@ -114,6 +114,10 @@ def _flag(name: str) -> str:
 
 def run_plan(args: argparse.Namespace) -> int:
     check_plan_args(args)  # before torch is imported
+    from unipar.hetero_cli import is_hetero_cluster, run_hetero_plan
+
+    if is_hetero_cluster(args.cluster):
+        return run_hetero_plan(args)
     from unipar.cluster import cluster_preset
     from unipar.plan.report import plan
 
@@ -172,7 +176,8 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--cluster",
         default="a100-80g",
-        help="a100-80g, a100-40g, h100-80g, h200-141g, v100-16g or cpu (measured here)",
+        help="a100-80g, a100-40g, h100-80g, h200-141g, v100-16g or cpu (measured here); "
+        'mixed: "4xa100-80g+8xv100-16g" or a cluster YAML file',
     )
     parser.add_argument(
         "--attention",

@@ -38,3 +38,19 @@ def live_cluster_spec(
     from unipar.cluster.calibrate import calibrated_cpu_cluster
 
     return calibrated_cpu_cluster(nodes=node_count, devices_per_node=devices_per_node)
+
+
+def live_hetero_cluster(*, include_cpu_nodes: bool = False):  # type: ignore[no-untyped-def]
+    """The connected Ray cluster as node groups by node type (accelerator type and
+    count); CPU-only nodes as calibrated CPU workers if ``include_cpu_nodes``."""
+    import ray
+
+    from unipar.cluster.hetero import hetero_cluster_from_nodes
+
+    cpu = None
+    if include_cpu_nodes:
+        from unipar.cluster.calibrate import calibrated_cpu_cluster
+
+        cpu = calibrated_cpu_cluster(nodes=1, devices_per_node=1)
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    return hetero_cluster_from_nodes(nodes, cpu)
