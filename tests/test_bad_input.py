@@ -360,7 +360,7 @@ def test_fit_argument(arguments, error, pattern, workdir, no_ray):
 
 def test_fit_refuses_an_adaptive_job_until_the_runtime_applies_it(workdir, no_ray):
     job = _job(adaptive=AdaptiveBatch(64))
-    with pytest.raises(ConfigError, match="Job.adaptive is not applied by the training runtime"):
+    with pytest.raises(ConfigError, match=r"Job\.adaptive is not applied by the training runtime"):
         fit(job=job)
     _nothing_written(workdir)
 
