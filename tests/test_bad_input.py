@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import ray
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,7 @@ from unipar import (
     UserCodeError,
     fit,
 )
+from unipar.adapt import AdaptiveBatch
 from unipar.cli import main
 from unipar.plan import GradSync, Mesh, Plan
 from unipar.testing import tiny_gpt_job
@@ -222,6 +224,13 @@ JOB_FIELDS = [
     ({"name": ""}, "Job.name must be 1-100 letters"),
     ({"grad_clip_norm": 0.0}, "Job.grad_clip_norm must be > 0"),
     ({"grad_clip_norm": math.nan}, "Job.grad_clip_norm must be a finite number"),
+    ({"adaptive": 64}, "Job.adaptive must be an AdaptiveBatch"),
+    ({"adaptive": AdaptiveBatch(4)}, r"max_global_batch must be at least .* M0\), but got "
+     "max_global_batch=4 < global_batch_size=8"),
+    ({"adaptive": AdaptiveBatch(64, "adascale")}, "lr_rule='adascale' has no meaning for "
+     "optimizer 'adamw'"),
+    ({"adaptive": AdaptiveBatch(64), "optimizer": torch.optim.Adam}, "Job.optimizer is a "
+     "factory with no rule"),
 ]
 
 
@@ -265,6 +274,25 @@ def test_optimizer_and_schedule_field(cls, changes, pattern):
 def test_every_optimizer_and_schedule_field_has_a_bad_value_above():
     assert {n for c, _ in OPTIMIZER_FIELDS for n in c} == set(OptimizerSpec.__dataclass_fields__)
     assert {n for c, _ in SCHEDULE_FIELDS for n in c} == set(LRSchedule.__dataclass_fields__)
+
+
+ADAPTIVE_FIELDS = [
+    ({"max_global_batch": 0}, "AdaptiveBatch.max_global_batch must be >= 1"),
+    ({"lr_rule": "linear"}, "AdaptiveBatch.lr_rule must be one of 'adascale'"),
+    ({"adapt_every": 0}, "AdaptiveBatch.adapt_every must be >= 1"),
+    ({"smoothing": 1.0}, "AdaptiveBatch.smoothing must be < 1"),
+    ({"max_local_batch": 0}, "AdaptiveBatch.max_local_batch must be >= 1"),
+]
+
+
+@pytest.mark.parametrize(("changes", "pattern"), ADAPTIVE_FIELDS)
+def test_adaptive_batch_field(changes, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        AdaptiveBatch(**{"max_global_batch": 64, **changes})
+
+
+def test_every_adaptive_batch_field_has_a_bad_value_above():
+    assert {n for c, _ in ADAPTIVE_FIELDS for n in c} == set(AdaptiveBatch.__dataclass_fields__)
 
 
 def test_enum_fields_take_their_values_as_strings():
@@ -331,6 +359,13 @@ def test_fit_argument(arguments, error, pattern, workdir, no_ray):
     with pytest.raises(error, match=pattern) as raised:
         fit(**arguments)
     assert "\n" not in str(raised.value)
+    _nothing_written(workdir)
+
+
+def test_fit_refuses_an_adaptive_job_until_the_runtime_applies_it(workdir, no_ray):
+    job = _job(adaptive=AdaptiveBatch(64))
+    with pytest.raises(ConfigError, match=r"Job\.adaptive is not applied by the training runtime"):
+        fit(job=job)
     _nothing_written(workdir)
 
 

@@ -17,6 +17,8 @@ _EXPORTS = {
     "UniparError": "unipar.errors",
     "UnsupportedPlanError": "unipar.errors",
     "UserCodeError": "unipar.errors",
+    "AdaptiveBatch": "unipar.adapt.config",
+    "LRRule": "unipar.adapt.config",
     "Job": "unipar.job",
     "LRSchedule": "unipar.job",
     "OptimizerKind": "unipar.job",

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from unipar import validate
+from unipar.adapt.config import AdaptiveBatch
 
 ModelFactory = Callable[[], nn.Module]
 DatasetFactory = Callable[[], "torch.utils.data.Dataset[Any]"]
@@ -121,6 +122,8 @@ class Job:
     seed: int = 0
     name: str = "job"
     grad_clip_norm: float | None = None
+    # adapt the batch (and the learning rate) between global_batch_size and a bound
+    adaptive: AdaptiveBatch | None = None
 
     def __post_init__(self) -> None:
         validate.check_job(self)

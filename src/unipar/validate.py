@@ -195,6 +195,54 @@ def check_job(job: Any) -> None:
     run_name("Job.name", job.name)
     if job.grad_clip_norm is not None:
         number("Job.grad_clip_norm", job.grad_clip_norm, above=0)
+    if job.adaptive is not None:
+        check_adaptive_for_job(job.adaptive, job)
+
+
+def check_adaptive(adaptive: Any) -> None:
+    """The rules of :class:`~unipar.adapt.AdaptiveBatch` on its own."""
+    from unipar.adapt.config import LRRule
+
+    integer("AdaptiveBatch.max_global_batch", adaptive.max_global_batch, minimum=1)
+    if adaptive.lr_rule is not None:
+        member("AdaptiveBatch.lr_rule", adaptive.lr_rule, LRRule)
+    integer("AdaptiveBatch.adapt_every", adaptive.adapt_every, minimum=1)
+    number("AdaptiveBatch.smoothing", adaptive.smoothing, minimum=0, below=1)
+    if adaptive.max_local_batch is not None:
+        integer("AdaptiveBatch.max_local_batch", adaptive.max_local_batch, minimum=1)
+
+
+def check_adaptive_for_job(adaptive: Any, job: Any) -> None:
+    """An adaptive batch that fits the job: a bound above M0, a rule for its optimizer."""
+    from unipar.adapt.config import AdaptiveBatch
+    from unipar.adapt.lr import allowed_rules
+    from unipar.job import OptimizerSpec
+
+    if not isinstance(adaptive, AdaptiveBatch):
+        raise ConfigError(
+            f"Job.adaptive must be an AdaptiveBatch or None, but got {adaptive!r}; pass "
+            "AdaptiveBatch(max_global_batch=...)"
+        )
+    if adaptive.max_global_batch < job.global_batch_size:
+        raise ConfigError(
+            f"AdaptiveBatch.max_global_batch must be at least the job's global_batch_size "
+            f"(the initial batch M0), but got max_global_batch={adaptive.max_global_batch} < "
+            f"global_batch_size={job.global_batch_size}; pass max_global_batch >= "
+            f"{job.global_batch_size} (--max-batch)"
+        )
+    if not isinstance(job.optimizer, OptimizerSpec):
+        raise ConfigError(
+            "adaptive batch scales the learning rate by a rule known for SGD, Adam and AdamW, "
+            "but Job.optimizer is a factory with no rule; pass an OptimizerSpec (kind='sgd', "
+            "'adam' or 'adamw') or leave adaptive out"
+        )
+    allowed = allowed_rules(job.optimizer.kind)
+    if adaptive.lr_rule is not None and adaptive.lr_rule not in allowed:
+        names = ", ".join(r.value for r in allowed)
+        raise ConfigError(
+            f"lr_rule={adaptive.lr_rule.value!r} has no meaning for optimizer "
+            f"{job.optimizer.kind.value!r}; pass one of {names} or leave lr_rule out"
+        )
 
 
 # --- Runs ----------------------------------------------------------------------------
@@ -287,6 +335,12 @@ def check_fit_inputs(job: Any, plan: Any, callbacks: Any, address: Any) -> None:
         raise ConfigError(
             f"job must be a unipar.Job, but got {type(job).__name__}; build one with "
             "Job(model=..., dataset=..., global_batch_size=..., steps=...)"
+        )
+    if job.adaptive is not None:
+        raise ConfigError(
+            "Job.adaptive is not applied by the training runtime yet (unipar.adapt has the "
+            "noise estimator, learning-rate rules and goodput chooser, not the wiring into "
+            "the trainer); leave adaptive out to train at global_batch_size"
         )
     if not (plan is None or isinstance(plan, (Plan, Strategy, str))):
         raise ConfigError(

@@ -77,7 +77,8 @@ def job_arrays(jobs: Sequence[JobView], models: Sequence[ThroughputModel | None]
     )
 
 
-def _gain(batch, init_batch, sqr, var):
+def gain(batch, init_batch, sqr, var):
+    """AdaScale's gain (Johnson et al. 2020, eq. 5): (var + sqr) / (var/S + sqr), S = M / M0."""
     scale = batch / init_batch
     return (var + sqr) / (var / scale + sqr)
 
@@ -97,10 +98,10 @@ def goodput_table(jobs: JobArrays, max_gpus: int, gpus_per_node: int) -> Goodput
     mm, ss = m[:, None, :, None], s[None, None, None, :]
     total = kk * mm * (ss + 1)
     t = iter_time(jobs.params[:, None, None, None, :], nn, kk, mm, ss)
-    gain = _gain(total, jobs.init_batch[col], jobs.grad_sqr[col], jobs.grad_var[col])
+    eff = gain(total, jobs.init_batch[col], jobs.grad_sqr[col], jobs.grad_var[col])
     ok = (total >= jobs.init_batch[col]) & (total <= jobs.max_batch[col])
     # a smaller per-GPU batch than the grid's is fine when more GPUs share M0
-    good = np.where(ok, gain / t, 0.0).reshape(n, max_gpus, -1)
+    good = np.where(ok, eff / t, 0.0).reshape(n, max_gpus, -1)
     best = np.argmax(good, axis=2)
     goodput = np.take_along_axis(good, best[..., None], axis=2)[..., 0]
     local = m[np.arange(n)[:, None], best // MAX_ACCUM].astype(int)
@@ -119,6 +120,6 @@ def _fixed(jobs: JobArrays, rows: np.ndarray, k: np.ndarray, nodes: np.ndarray):
     accum = np.ceil(local / max_local) - 1
     local = np.ceil(batch / (k[None, :] * (accum + 1)))
     t = iter_time(jobs.params[rows][:, None, :], nodes[None, :], k[None, :], local, accum)
-    gain = _gain(batch, jobs.init_batch[rows][:, None], jobs.grad_sqr[rows][:, None],
-                 jobs.grad_var[rows][:, None])
-    return gain / t, local.astype(int), accum.astype(int)
+    eff = gain(batch, jobs.init_batch[rows][:, None], jobs.grad_sqr[rows][:, None],
+               jobs.grad_var[rows][:, None])
+    return eff / t, local.astype(int), accum.astype(int)

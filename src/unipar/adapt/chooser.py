@@ -1,0 +1,88 @@
+"""The batch and accumulation that maximise predicted goodput, from a job's own reports.
+
+Throughput model: Pollux's T_iter (Qiao et al. 2021, eqs. 8-10), fitted online from the
+step times the job sees (:func:`unipar.sched.throughput.fit`), chosen over the planner's
+calibrated cost model because it is fitted to the very steps the job runs (overlap,
+input pipeline and all), and the cost model is already behind the plan the batch runs
+on. Goodput = throughput × statistical efficiency (Pollux eq. 2), searched by
+:func:`unipar.sched.goodput.goodput_table`, the same search the cluster scheduler uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from unipar.adapt.lr import efficiency
+from unipar.adapt.noise import NoiseEstimate
+from unipar.sched.goodput import JobArrays, goodput_table
+from unipar.sched.throughput import Observation, ThroughputModel, fit
+
+
+@dataclass(frozen=True)
+class BatchChoice:
+    """A global batch ``replicas × local_batch × accum_steps`` and what it is predicted
+    to give: optimizer steps per second, statistical efficiency and goodput (steps of
+    batch M0 per second). ``by_workers[k]`` is the best goodput on k+1 workers."""
+
+    global_batch: int
+    local_batch: int
+    accum_steps: int
+    step_time: float
+    efficiency: float
+    goodput: float
+    by_workers: tuple[float, ...]
+
+
+def fit_error(model: ThroughputModel, observations: Sequence[Observation]) -> float:
+    """Root mean square relative error of the model's step times on the observations."""
+    o = np.array([[x.nodes, x.replicas, x.local_bsz, x.step_time] for x in observations])
+    pred = model.iter_time(o[:, 0], o[:, 1], o[:, 2])
+    return float(np.sqrt(np.mean((pred / o[:, 3] - 1.0) ** 2)))
+
+
+def choose(
+    observations: Sequence[Observation],
+    noise: NoiseEstimate,
+    *,
+    init_batch: int,
+    max_batch: int,
+    replicas: int,
+    max_local: int,
+    nodes: int = 1,
+    max_workers: int | None = None,
+) -> BatchChoice:
+    """The goodput-optimal batch on ``replicas`` workers, each running at most
+    ``max_local`` samples per micro-batch; ``init_batch ≤ batch ≤ max_batch``."""
+    model = fit(list(observations))
+    most = max(replicas, max_workers or replicas)
+    jobs = JobArrays(
+        params=model.as_array()[None, :],
+        grad_sqr=np.array([noise.sqr]),
+        grad_var=np.array([noise.var]),
+        init_batch=np.array([float(init_batch)]),
+        max_batch=np.array([float(max_batch)]),
+        min_local=np.array([1.0]),
+        max_local=np.array([float(max_local)]),
+        fixed_batch=np.array([float(init_batch)]),
+        adaptive=np.array([True]),
+    )
+    table = goodput_table(jobs, most, gpus_per_node=max(1, most // nodes))
+    k = replicas - 1
+    local, accum = int(table.local_bsz[0, k]), int(table.accum[0, k])
+    if table.goodput[0, k] <= 0:  # nothing in bounds on the grid: stay at M0
+        local, accum = -(-init_batch // replicas), 0
+    batch = replicas * local * (accum + 1)
+    t = float(model.iter_time(nodes, replicas, local, accum))
+    eff = efficiency(batch, init_batch, noise.sqr, noise.var)
+    return BatchChoice(
+        global_batch=batch,
+        local_batch=local,
+        accum_steps=accum + 1,
+        step_time=t,
+        efficiency=eff,
+        goodput=eff * batch / init_batch / t,
+        by_workers=tuple(float(g) for g in table.goodput[0]),
+    )

@@ -1,0 +1,38 @@
+"""What a user sets to let a job choose its own batch size and learning rate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from unipar import validate
+
+
+class LRRule(Enum):
+    """How the learning rate follows the batch size (see :mod:`unipar.adapt.lr`)."""
+
+    ADASCALE = "adascale"  # SGD: lr × gain (Johnson et al. 2020)
+    SQRT = "sqrt"  # Adam/AdamW: lr × √S (Krizhevsky 2014; Malladi et al. 2022)
+    POLLUX = "pollux"  # Adam/AdamW: lr × √gain (AdaptDL's AdamScale, Qiao et al. 2021)
+
+
+@dataclass(frozen=True)
+class AdaptiveBatch:
+    """Adapt the global batch between the job's ``global_batch_size`` (M0, for which its
+    learning rate and schedule were written) and ``max_global_batch``.
+
+    ``lr_rule`` None picks the optimizer's default (ADASCALE for SGD, POLLUX for Adam);
+    every ``adapt_every`` steps the goodput-optimal batch is chosen; ``smoothing`` is
+    the weight of the past in the exponential averages of the noise estimates.
+    """
+
+    max_global_batch: int
+    lr_rule: LRRule | None = None
+    adapt_every: int = 20
+    smoothing: float = 0.9
+    max_local_batch: int | None = None  # per-worker micro-batch bound (None: memory plan's)
+
+    def __post_init__(self) -> None:
+        validate.check_adaptive(self)
+        if self.lr_rule is not None:
+            object.__setattr__(self, "lr_rule", LRRule(self.lr_rule))

@@ -1,0 +1,56 @@
+"""Learning-rate rules for a batch S = M/M0 times the one the rate was written for, and
+the scale-invariant progress that drives the schedule.
+
+- ADASCALE (Johnson et al. 2020, "AdaScale SGD", Alg. 1): lr × r, the gain
+  r = (var + sqr) / (var/S + sqr) (:func:`unipar.sched.goodput.gain`), for SGD.
+- SQRT: lr × √S, the square-root rule for Adam (Malladi et al. 2022, "On the SDEs and
+  scaling rules for adaptive gradient algorithms").
+- POLLUX: lr × √r, AdaptDL's AdamScale (Qiao et al. 2021, Pollux's artifact).
+Progress (AdaScale §3): each step advances the schedule by r steps of batch M0, so a
+schedule written in M0-steps stays right at any batch; efficiency = r / S (Pollux eq. 6).
+"""
+
+from __future__ import annotations
+
+import math
+
+from unipar.adapt.config import LRRule
+from unipar.errors import ConfigError
+from unipar.sched.goodput import gain
+
+
+def default_rule(optimizer_kind) -> LRRule:
+    """ADASCALE for SGD, POLLUX for Adam and AdamW."""
+    from unipar.job import OptimizerKind
+
+    return LRRule.ADASCALE if optimizer_kind is OptimizerKind.SGD else LRRule.POLLUX
+
+
+def allowed_rules(optimizer_kind) -> tuple[LRRule, ...]:
+    from unipar.job import OptimizerKind
+
+    if optimizer_kind is OptimizerKind.SGD:
+        return (LRRule.ADASCALE,)
+    return (LRRule.SQRT, LRRule.POLLUX)
+
+
+def lr_factor(rule: LRRule, batch: float, init_batch: float, sqr: float, var: float) -> float:
+    """The factor on the learning rate written for ``init_batch`` at ``batch``."""
+    r = float(gain(batch, init_batch, sqr, var))
+    if rule is LRRule.ADASCALE:
+        return r
+    if rule is LRRule.SQRT:
+        return math.sqrt(batch / init_batch)
+    if rule is LRRule.POLLUX:
+        return math.sqrt(r)
+    raise ConfigError(f"no learning-rate rule {rule!r}; pass one of {list(LRRule)}")
+
+
+def efficiency(batch: float, init_batch: float, sqr: float, var: float) -> float:
+    """Statistical efficiency E = r/S: progress per sample relative to batch M0."""
+    return float(gain(batch, init_batch, sqr, var)) / (batch / init_batch)
+
+
+def progress_step(batch: float, init_batch: float, sqr: float, var: float) -> float:
+    """Scale-invariant steps (in steps of batch M0) one step at ``batch`` makes."""
+    return float(gain(batch, init_batch, sqr, var))

@@ -1,0 +1,61 @@
+"""Squared gradient norms for the noise estimator, and the mean-loss check it relies on.
+
+The estimator (:mod:`unipar.adapt.noise`) needs the squared norm of whole gradients: a
+sharded gradient (FSDP, tensor parallel DTensor) or one split over pipeline stages gives
+the sum of its local parts' squares, and the caller sums those over the shards or stages
+(one all-reduce of a scalar). For Adam, Pollux (Qiao et al. 2021, §3.1) preconditions:
+Σ g²/(√v̂ + ε) with v̂ Adam's bias-corrected second moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from unipar.errors import ConfigError
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def preconditioner(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tensor | None:
+    """1/(√v̂ + ε) of an Adam/AdamW parameter (None before its first step, or for SGD)."""
+    state = optimizer.state.get(param, {})
+    if "exp_avg_sq" not in state:
+        return None
+    group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+    step = float(state["step"])
+    v_hat = _local(state["exp_avg_sq"]) / (1 - group["betas"][1] ** step)
+    return 1.0 / (v_hat.sqrt() + group["eps"])
+
+
+def squared_norm(
+    grads: Iterable[torch.Tensor | None],
+    weights: Iterable[torch.Tensor | None] | None = None,
+) -> float:
+    """Σ w·g² over this process's part of the gradients (``weights`` None: w = 1)."""
+    grads = list(grads)
+    weights = list(weights) if weights is not None else [None] * len(grads)
+    total = torch.zeros((), dtype=torch.float64)
+    for g, w in zip(grads, weights, strict=True):
+        if g is None:
+            continue
+        sq = _local(g).detach().double() ** 2
+        total += (sq * w.double()).sum() if w is not None else sq.sum()
+    return float(total)
+
+
+def check_mean_loss(loss_fn, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+    """The noise estimate scales gradients by their batch: the loss must be a mean over
+    samples. A mean is the same on the batch repeated twice; a sum doubles."""
+    with torch.no_grad():
+        once = float(loss_fn(outputs, targets))
+        twice = float(loss_fn(torch.cat([outputs, outputs]), torch.cat([targets, targets])))
+    if not abs(twice - once) <= 1e-4 * max(abs(once), 1e-8):
+        raise ConfigError(
+            f"adaptive batch needs a loss that is a mean over samples (the same on a batch "
+            f"repeated twice), but the job's loss gave {once:.6g} on a batch and {twice:.6g} on "
+            "it twice; divide the loss by the batch size (reduction='mean')"
+        )

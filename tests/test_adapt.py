@@ -1,0 +1,93 @@
+"""Pure pieces of the adaptive batch: noise estimator, LR rules, chooser (no Ray)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from unipar.adapt.chooser import choose, fit_error
+from unipar.adapt.config import LRRule
+from unipar.adapt.lr import efficiency, lr_factor, progress_step
+from unipar.adapt.noise import NoiseEstimate, NoiseSample, unbiased
+from unipar.adapt.norms import check_mean_loss, squared_norm
+from unipar.errors import ConfigError
+from unipar.sched.throughput import Observation, ThroughputModel
+
+
+def _sample(rng, sqr_true, var_true, dim, micro, count):
+    """Norms of ``count`` gradients of ``micro`` samples drawn around G (|G|² = sqr_true)."""
+    g = np.full(dim, math.sqrt(sqr_true / dim))
+    locals_ = g + rng.normal(0, math.sqrt(var_true / dim / micro), (count, dim))
+    small = float(np.mean(np.sum(locals_**2, 1)))
+    big = float(np.sum(locals_.mean(0) ** 2))
+    return NoiseSample(small, big, micro, count)
+
+
+def test_unbiased_estimates_average_to_the_truth():
+    rng = np.random.default_rng(0)
+    draws = np.array([unbiased(_sample(rng, 2.0, 30.0, 50, 8, 4)) for _ in range(3000)])
+    sqr, var = draws.mean(0)
+    assert sqr == pytest.approx(2.0, rel=0.05)
+    assert var == pytest.approx(30.0, rel=0.05)
+
+
+def test_smoothed_noise_scale_converges_and_one_gradient_is_skipped():
+    rng = np.random.default_rng(1)
+    est = NoiseEstimate(smoothing=0.99)
+    assert not est.ready
+    for _ in range(1500):
+        est = est.update(_sample(rng, 1.0, 64.0, 40, 4, 8))
+    assert est.noise_scale == pytest.approx(64.0, rel=0.15)
+    assert est.update(NoiseSample(1.0, 1.0, 4, 1)) == est
+
+
+def test_gain_rules_and_progress():
+    sqr, var = 1.0, 100.0  # B_simple = 100
+    assert lr_factor(LRRule.ADASCALE, 32, 32, sqr, var) == pytest.approx(1.0)
+    r = (var + sqr) / (var / 4 + sqr)
+    assert lr_factor(LRRule.ADASCALE, 128, 32, sqr, var) == pytest.approx(r)
+    assert lr_factor(LRRule.POLLUX, 128, 32, sqr, var) == pytest.approx(math.sqrt(r))
+    assert lr_factor(LRRule.SQRT, 128, 32, sqr, var) == pytest.approx(2.0)
+    assert progress_step(128, 32, sqr, var) == pytest.approx(r)
+    assert efficiency(128, 32, sqr, var) == pytest.approx(r / 4)
+    # no noise: a batch 4x as big makes 4x the progress (perfect scaling, efficiency 1)
+    assert efficiency(128, 32, 1.0, 0.0) == pytest.approx(0.25)
+    assert efficiency(128, 32, 0.0 + 1e-30, 1.0) == pytest.approx(1.0)
+
+
+def _observations(model, replicas=2):
+    return [Observation(1, replicas, m, float(model.iter_time(1, replicas, m)), 0.0)
+            for m in (4, 8, 16, 32, 64)]
+
+
+def test_chooser_picks_big_batches_when_noise_is_high_and_small_when_low():
+    truth = ThroughputModel(alpha_c=0.05, beta_c=0.001, alpha_l=0.02)
+    obs = _observations(truth)
+    common = dict(init_batch=16, max_batch=1024, replicas=2, max_local=256)
+    noisy = choose(obs, NoiseEstimate(1.0, sqr_avg=1.0, var_avg=1e4, weight=1.0), **common)
+    quiet = choose(obs, NoiseEstimate(1.0, sqr_avg=1.0, var_avg=1.0, weight=1.0), **common)
+    assert noisy.global_batch > 4 * quiet.global_batch
+    assert 16 <= quiet.global_batch <= noisy.global_batch <= 1024
+    assert noisy.global_batch == 2 * noisy.local_batch * noisy.accum_steps
+    assert fit_error(ThroughputModel(0.05, 0.001), _observations(truth, 1)) < 0.05
+
+
+def test_chooser_keeps_the_batch_pinned_by_the_bound():
+    truth = ThroughputModel(alpha_c=0.05, beta_c=0.001)
+    pick = choose(_observations(truth, 1), NoiseEstimate(1.0, 1.0, 1e6, 1.0), init_batch=8,
+                  max_batch=8, replicas=1, max_local=64)
+    assert pick.global_batch == 8 and pick.efficiency == pytest.approx(1.0)
+
+
+def test_squared_norm_with_preconditioner_and_mean_loss_check():
+    g = [torch.tensor([3.0, 4.0]), None]
+    assert squared_norm(g) == 25.0
+    assert squared_norm(g, [torch.tensor([1.0, 0.5]), None]) == 17.0
+    out, tgt = torch.randn(4, 3), torch.randint(0, 3, (4,))
+    check_mean_loss(torch.nn.functional.cross_entropy, out, tgt)
+    with pytest.raises(ConfigError, match="loss that is a mean over samples"):
+        check_mean_loss(lambda o, t: torch.nn.functional.cross_entropy(o, t, reduction="sum"),
+                        out, tgt)
