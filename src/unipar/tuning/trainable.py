@@ -1,0 +1,95 @@
+"""One trial: a unipar run inside a Ray Tune function trainable.
+
+The trial's workers are reserved as one gang with the trial (a placement-group factory:
+an empty head bundle for the trial's driver, one bundle per worker; Tune captures the
+workers into it), so trials never hold half a gang each. Every step is reported to Tune;
+each new DCP checkpoint goes with its report, so schedulers that pause or exploit (PBT)
+restart a trial from it, and a restarted trial resumes from ``tune.get_checkpoint()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from unipar.job import Job
+from unipar.runtime.controller import Callback
+from unipar.runtime.metrics import StepMetrics
+
+MakeJob = Callable[[dict[str, Any]], Job]
+
+# What every trial reports at each step (StepMetrics' numbers; "step" counts steps done).
+REPORTED = ("loss", "lr", "samples", "tokens", "step_time_s", "tokens_per_s", "step")
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    workers: int
+    cpus_per_worker: float = 1.0
+    checkpoint_every: int = 2
+    max_failures: int = 3
+
+
+def gang_resources(settings: TrialSettings) -> Any:
+    """The trial's resources as one gang: an empty head bundle, then one per worker."""
+    from ray.tune import PlacementGroupFactory
+
+    worker = {"CPU": settings.cpus_per_worker}
+    return PlacementGroupFactory([{}] + [dict(worker) for _ in range(settings.workers)])
+
+
+class _ReportToTune(Callback):
+    """Reports each step to Tune, with the newest DCP checkpoint when one is new."""
+
+    def __init__(self, checkpoints: Path) -> None:
+        self.checkpoints = checkpoints
+        self.reported: Path | None = None
+
+    def on_step(self, metrics: StepMetrics, workers: Sequence[Any]) -> None:
+        from ray import tune
+
+        from unipar.runtime.checkpoint import latest_checkpoint
+
+        row = {k: v for k, v in asdict(metrics).items() if k in REPORTED}
+        row["step"] = metrics.step + 1
+        newest = latest_checkpoint(self.checkpoints)
+        checkpoint = None
+        if newest is not None and newest != self.reported:
+            self.reported = newest
+            checkpoint = tune.Checkpoint.from_directory(str(newest))
+        tune.report(row, checkpoint=checkpoint)
+
+
+def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSettings) -> None:
+    """The function trainable: build the trial's job, resume from Tune's checkpoint (its
+    own after a restart, a donor's after a PBT exploit), train and report."""
+    from ray import tune
+
+    from unipar.runtime.fit import fit
+
+    job = make_job(dict(config))
+    trial_dir = Path(tune.get_context().get_trial_dir())
+    given = tune.get_checkpoint()
+    resume: bool | Path = False
+    # Each (re)start writes its own checkpoints, so a donor's are never overwritten.
+    attempt = sum(1 for p in trial_dir.glob("run-*")) if trial_dir.is_dir() else 0
+    run_dir = trial_dir / f"run-{attempt}"
+    if given is not None:
+        local = run_dir / "restored"
+        given.to_directory(str(local))
+        resume = local
+    fit(
+        job,
+        workers=settings.workers,
+        cpus_per_worker=settings.cpus_per_worker,
+        run_dir=run_dir,
+        checkpoint_dir=run_dir / "checkpoints",
+        checkpoint_every=settings.checkpoint_every,
+        keep_checkpoints=2,
+        resume=resume,
+        max_failures=settings.max_failures,
+        progress=False,
+        callbacks=[_ReportToTune(run_dir / "checkpoints")],
+    )
