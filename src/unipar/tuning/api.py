@@ -81,6 +81,7 @@ def tune(
     searcher_kind = parse_kind(SearcherKind, searcher, "searcher")
     scheduler_kind = parse_kind(SchedulerKind, scheduler, "scheduler")
     _check_settings(metric, mode, num_samples, workers_per_trial, pruner, searcher_kind)
+    _check_pairing(searcher_kind, scheduler_kind)
     job = _first_job(make_job, space_)
     name = name or f"{job.name}-tune"
     experiment = Path(storage_path).resolve() / name
@@ -139,6 +140,18 @@ def _check_settings(
     if pruner is not None and searcher is not SearcherKind.OPTUNA:
         raise ConfigError(
             f"an Optuna pruner needs searcher='optuna', but got searcher={searcher.value!r}"
+        )
+
+
+def _check_pairing(searcher: SearcherKind, scheduler: SchedulerKind) -> None:
+    """Population-based schedulers choose the configs themselves (Tune refuses a searcher)."""
+    if scheduler in (SchedulerKind.PBT, SchedulerKind.PB2) and searcher not in (
+        SearcherKind.RANDOM,
+        SearcherKind.GRID,
+    ):
+        raise ConfigError(
+            f"the {scheduler.value} scheduler picks and mutates configs itself, so it runs "
+            f"with the random/grid searcher only, but got searcher={searcher.value!r}"
         )
 
 

@@ -43,8 +43,9 @@ def gang_resources(settings: TrialSettings) -> Any:
 class _ReportToTune(Callback):
     """Reports each step to Tune, with the newest DCP checkpoint when one is new."""
 
-    def __init__(self, checkpoints: Path) -> None:
+    def __init__(self, checkpoints: Path, resumed_from: int) -> None:
         self.checkpoints = checkpoints
+        self.resumed_from = resumed_from  # the step of the checkpoint this run started from
         self.reported: Path | None = None
 
     def on_step(self, metrics: StepMetrics, workers: Sequence[Any]) -> None:
@@ -54,6 +55,7 @@ class _ReportToTune(Callback):
 
         row = {k: v for k, v in asdict(metrics).items() if k in REPORTED}
         row["step"] = metrics.step + 1
+        row["resumed_from"] = self.resumed_from
         newest = latest_checkpoint(self.checkpoints)
         checkpoint = None
         if newest is not None and newest != self.reported:
@@ -67,12 +69,14 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSetti
     own after a restart, a donor's after a PBT exploit), train and report."""
     from ray import tune
 
+    from unipar.runtime.checkpoint import read_checkpoint
     from unipar.runtime.fit import fit
 
     job = make_job(dict(config))
     trial_dir = Path(tune.get_context().get_trial_dir())
     given = tune.get_checkpoint()
     resume: bool | Path = False
+    resumed_from = 0
     # Each (re)start writes its own checkpoints, so a donor's are never overwritten.
     attempt = sum(1 for p in trial_dir.glob("run-*")) if trial_dir.is_dir() else 0
     run_dir = trial_dir / f"run-{attempt}"
@@ -80,6 +84,7 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSetti
         local = run_dir / "restored"
         given.to_directory(str(local))
         resume = local
+        resumed_from = read_checkpoint(local).step
     fit(
         job,
         workers=settings.workers,
@@ -87,9 +92,9 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSetti
         run_dir=run_dir,
         checkpoint_dir=run_dir / "checkpoints",
         checkpoint_every=settings.checkpoint_every,
-        keep_checkpoints=2,
+        keep_checkpoints=3,
         resume=resume,
         max_failures=settings.max_failures,
         progress=False,
-        callbacks=[_ReportToTune(run_dir / "checkpoints")],
+        callbacks=[_ReportToTune(run_dir / "checkpoints", resumed_from)],
     )
