@@ -62,6 +62,7 @@ def tune(
     max_concurrent: int | None = None,
     seed: int | None = 0,
     max_failures: int = 2,
+    perturbation_interval: int | None = None,
     progress: bool = True,
     plot: bool = True,
     address: str | None = None,
@@ -71,7 +72,8 @@ def tune(
 
     ``searcher``: random, grid, optuna (TPE) or hyperopt; ``scheduler``: fifo, asha,
     hyperband, median, pbt or pb2. ``pruner``: any Optuna pruner (needs the optuna
-    searcher). ``resume``: continue the experiment ``name`` under ``storage_path``
+    searcher). ``perturbation_interval``: steps between PBT/PB2 exploits (default a quarter
+    of the job's steps). ``resume``: continue the experiment ``name`` under ``storage_path``
     (Tune's experiment restore; finished trials are not rerun)."""
     from ray import tune as ray_tune
 
@@ -208,18 +210,21 @@ def _new_tuner(
     name: str,
     storage: Path,
     progress: bool,
+    perturbation_steps: int,
 ) -> Any:
     from ray import tune as ray_tune
     from ray.tune.logger import TBXLoggerCallback
+    from ray.tune.stopper import CombinedStopper, FunctionStopper
 
-    stop = None
+    # A trial that reached the job's last step is done: no scheduler may pause it then.
+    stops: list[Any] = [FunctionStopper(partial(_at_last_step, steps))]
     param_space = space.tune_space()
     if searcher_kind is SearcherKind.OPTUNA:
         from unipar.tuning.optuna_driver import OptunaDriver, OptunaPruning, OptunaSearcher
 
         driver = OptunaDriver(space, metric=metric, mode=mode, seed=seed, pruner=pruner)
         search_alg: Any = OptunaSearcher(driver)
-        stop = OptunaPruning(driver)
+        stops.append(OptunaPruning(driver))
         param_space = {}
     else:
         search_alg = build_searcher(searcher_kind, space, metric, mode, seed)
@@ -231,7 +236,7 @@ def _new_tuner(
         space,
         max_steps=steps,
         grace_steps=max(1, steps // 4),
-        perturbation_steps=max(1, steps // 4),
+        perturbation_steps=perturbation_steps,
         seed=seed,
     )
     total = num_samples * (space.grid_size if search_alg is None else 1)
@@ -249,13 +254,17 @@ def _new_tuner(
         run_config=ray_tune.RunConfig(
             name=name,
             storage_path=str(storage),
-            stop=stop,
+            stop=CombinedStopper(*stops),
             verbose=0,
             failure_config=ray_tune.FailureConfig(max_failures=max_failures),
             checkpoint_config=ray_tune.CheckpointConfig(num_to_keep=4),
             callbacks=[LiveProgress(total, metric, enabled=progress), TBXLoggerCallback()],
         ),
     )
+
+
+def _at_last_step(steps: int, trial_id: str, result: dict[str, Any]) -> bool:
+    return int(result.get("step", 0)) >= steps
 
 
 def _collect(

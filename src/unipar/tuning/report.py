@@ -25,7 +25,7 @@ class TrialRow:
 def format_table(rows: Sequence[TrialRow], metric: str) -> str:
     """Rows as a text table, best first (``rows`` already sorted)."""
     keys = sorted({k for r in rows for k in r.config})
-    head = ["trial", *keys, metric, "steps", "status"]
+    head = ["trial", *keys, metric, "at step", "status"]
     body = [
         [
             r.trial_id,

@@ -9,6 +9,7 @@ restart a trial from it, and a restarted trial resumes from ``tune.get_checkpoin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +23,11 @@ MakeJob = Callable[[dict[str, Any]], Job]
 
 # What every trial reports at each step (StepMetrics' numbers; "step" counts steps done).
 REPORTED = ("loss", "lr", "samples", "tokens", "step_time_s", "tokens_per_s", "step")
+
+
+# A trial writes about eight checkpoints (every steps // 8); all are kept, so the one a
+# report registers is still there when Tune copies it, however far the workers ran ahead.
+KEEP = 10
 
 
 @dataclass(frozen=True)
@@ -43,25 +49,42 @@ def gang_resources(settings: TrialSettings) -> Any:
 class _ReportToTune(Callback):
     """Reports each step to Tune, with the newest DCP checkpoint when one is new."""
 
-    def __init__(self, checkpoints: Path, resumed_from: int) -> None:
-        self.checkpoints = checkpoints
+    def __init__(self, checkpoints: Path, resumed_from: int, steps: int) -> None:
+        self.checkpoints, self.steps = checkpoints, steps
         self.resumed_from = resumed_from  # the step of the checkpoint this run started from
         self.reported: Path | None = None
 
     def on_step(self, metrics: StepMetrics, workers: Sequence[Any]) -> None:
         from ray import tune
 
-        from unipar.runtime.checkpoint import latest_checkpoint
+        from unipar.runtime.checkpoint import checkpoint_name, list_checkpoints
 
         row = {k: v for k, v in asdict(metrics).items() if k in REPORTED}
         row["step"] = metrics.step + 1
         row["resumed_from"] = self.resumed_from
-        newest = latest_checkpoint(self.checkpoints)
+        if row["step"] == self.steps:  # the last report carries the final checkpoint
+            _wait_for(self.checkpoints / checkpoint_name(self.steps))
+        # The newest checkpoint not past this step: workers may run ahead of the reports.
+        done = [p for p in list_checkpoints(self.checkpoints) if _step_of(p) <= row["step"]]
         checkpoint = None
-        if newest is not None and newest != self.reported:
-            self.reported = newest
-            checkpoint = tune.Checkpoint.from_directory(str(newest))
+        if done and done[-1] != self.reported:
+            self.reported = done[-1]
+            checkpoint = tune.Checkpoint.from_directory(str(done[-1]))
         tune.report(row, checkpoint=checkpoint)
+
+
+def _wait_for(checkpoint: Path, timeout_s: float = 60.0) -> None:
+    """Wait until the workers have written ``checkpoint`` (its state file comes last)."""
+    from unipar.runtime.checkpoint import STATE_FILE
+
+    deadline = time.monotonic() + timeout_s
+    while not (checkpoint / STATE_FILE).is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _step_of(checkpoint: Path) -> int:
+    """The step in a checkpoint's name (``checkpoint_name``: a prefix, then 8 digits)."""
+    return int(checkpoint.name[-8:])
 
 
 def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSettings) -> None:
@@ -92,9 +115,9 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSetti
         run_dir=run_dir,
         checkpoint_dir=run_dir / "checkpoints",
         checkpoint_every=settings.checkpoint_every,
-        keep_checkpoints=3,
+        keep_checkpoints=KEEP,
         resume=resume,
         max_failures=settings.max_failures,
         progress=False,
-        callbacks=[_ReportToTune(run_dir / "checkpoints", resumed_from)],
+        callbacks=[_ReportToTune(run_dir / "checkpoints", resumed_from, job.steps)],
     )
