@@ -145,7 +145,7 @@ def test_optuna_tpe_with_its_median_pruner(ray_cluster, tmp_path):
 
 def test_pbt_exploits_and_the_exploited_trial_continues_from_the_donor_step(ray_cluster, tmp_path):
     space = {"lr": {"loguniform": [1e-5, 3e-2]}, "steps": 16}
-    result = _tune(tmp_path, space, num_samples=2, scheduler="pbt", perturbation_interval=8)
+    result = _tune(tmp_path, space, num_samples=3, scheduler="pbt", perturbation_interval=4)
     assert (tmp_path / "x" / "pbt_global.txt").read_text().strip(), "no exploit happened"
     continued = []
     for path in (tmp_path / "x").glob("run_trial_*/progress.csv"):
@@ -168,20 +168,21 @@ def test_a_sigkilled_trial_worker_is_recovered(ray_cluster, tmp_path):
     assert not marker.exists(), "the worker never killed itself"
     assert [(r.status, r.steps) for r in result.rows] == [("done", 40)]
     lines = (next((tmp_path / "x").glob("*/run-0/metrics.jsonl"))).read_text().splitlines()
-    assert len({json.loads(line)["attempt"] for line in lines}) == 2  # before and after
+    events = [json.loads(line) for line in lines]
+    assert any("worker lost" in e.get("reason", "") for e in events)  # the elastic recovery
 
 
 def test_an_interrupted_experiment_resumes_without_rerunning_finished_trials(ray_cluster, tmp_path):
     def interrupt_after_first_trial() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if any('"step": 30,' in p.read_text() for p in tmp_path.glob("x/*/result.json")):
-                time.sleep(2.0)  # the trial ends (its final report was its last step)
+            if any('"step": 12,' in p.read_text() for p in tmp_path.glob("x/*/result.json")):
+                time.sleep(1.0)  # the trial ends (its final report was its last step)
                 signal.raise_signal(signal.SIGINT)  # Tune stops, saving the experiment
                 return
             time.sleep(0.1)
 
-    space = {"lr": {"grid": [1e-3, 1e-2, 2e-2]}, "steps": 30}
+    space = {"lr": {"grid": [1e-3, 1e-2, 2e-2]}, "steps": 12}
     watcher = threading.Thread(target=interrupt_after_first_trial)
     watcher.start()
     first = _tune(tmp_path, space, num_samples=1, scheduler="fifo", max_concurrent=1)
