@@ -22,7 +22,7 @@ from unipar.runtime.metrics import StepMetrics
 MakeJob = Callable[[dict[str, Any]], Job]
 
 # What every trial reports at each step (StepMetrics' numbers; "step" counts steps done).
-REPORTED = ("loss", "lr", "samples", "tokens", "step_time_s", "tokens_per_s", "step")
+REPORTED = ("loss", "lr", "samples", "tokens", "step_time_s", "tokens_per_s", "finished_at", "step")
 
 
 # A trial writes about eight checkpoints (every steps // 8); all are kept, so the one a
