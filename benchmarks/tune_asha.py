@@ -60,7 +60,7 @@ def _experiment(scheduler: str, steps: int, root: Path) -> tuple[float, float, f
     )
     seconds = time.perf_counter() - began
     worker_s, finals = 0.0, []
-    for steps_seen, losses, status in result.curves.values():
+    for steps_seen, losses, _status in result.curves.values():
         if steps_seen and steps_seen[-1] >= steps:
             finals.append(sum(losses[-4:]) / len(losses[-4:]))
     for path in (root / scheduler).glob("*/progress.csv"):
