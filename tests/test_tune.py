@@ -196,3 +196,20 @@ def test_an_interrupted_experiment_resumes_without_rerunning_finished_trials(ray
         if any(trial_dir.name.startswith(f"run_trial_{t}") for t in finished):
             assert not (trial_dir / "run-1").exists(), f"{trial_dir.name} was rerun"
     assert runs_before
+
+
+def test_cli_refuses_an_empty_space_before_any_trial(tmp_path, capsys):
+    from unipar.cli import main
+
+    job_file = tmp_path / "my_job.py"
+    here = str(Path(__file__).parent)
+    job_file.write_text(
+        f"import sys\nsys.path.insert(0, {here!r})\nfrom tune_jobs import make_job as job\n"
+    )
+    space = tmp_path / "space.yaml"
+    space.write_text("")
+    argv = ["tune", str(job_file), "--space", str(space), "--storage", str(tmp_path)]
+    assert main(argv) == 2
+    assert "nothing to search" in capsys.readouterr().err
+    assert main([*argv[:3], str(tmp_path / "none.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -125,9 +125,10 @@ def _read_yaml(path: Path) -> Any:
     if not path.is_file():
         raise ConfigError(f"the search-space file {path} does not exist; pass a YAML file")
     try:
-        return yaml.safe_load(path.read_text())
+        loaded = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise ConfigError(f"the search-space file {path} is not valid YAML: {error}") from None
+    return {} if loaded is None else loaded  # an empty file is an empty space
 
 
 def _param(name: str, spec: Any) -> Param:
