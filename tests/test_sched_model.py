@@ -71,10 +71,15 @@ def test_split_batch_respects_the_per_gpu_limit():
 def test_goodput_table_picks_the_best_batch_on_the_grid():
     model = ThroughputModel(0.01, 1e-3, 0.02, 0.001, 0.1, 0.01, 1.0)
     jobs = JobArrays(
-        params=model.as_array()[None, :], grad_sqr=np.array([1.0]), grad_var=np.array([50.0]),
-        init_batch=np.array([32.0]), max_batch=np.array([4096.0]),
-        min_local=np.array([16.0]), max_local=np.array([256.0]),
-        fixed_batch=np.array([128.0]), adaptive=np.array([True]),
+        params=model.as_array()[None, :],
+        grad_sqr=np.array([1.0]),
+        grad_var=np.array([50.0]),
+        init_batch=np.array([32.0]),
+        max_batch=np.array([4096.0]),
+        min_local=np.array([16.0]),
+        max_local=np.array([256.0]),
+        fixed_batch=np.array([128.0]),
+        adaptive=np.array([True]),
     )
     table = goodput_table(jobs, 8, 4)
     k, m, s = 4, int(table.local_bsz[0, 3]), int(table.accum[0, 3])

@@ -85,8 +85,7 @@ def test_goodput_policy_beats_the_fixed_baselines(apps):
 
 def test_quota_and_deadline(apps):
     specs = [
-        JobSpec(f"j{i}", 0.0, "cifar10", 4, 2048, user="ann" if i < 3 else "bob")
-        for i in range(6)
+        JobSpec(f"j{i}", 0.0, "cifar10", 4, 2048, user="ann" if i < 3 else "bob") for i in range(6)
     ] + [JobSpec("urgent", 0.0, "cifar10", 4, 2048, deadline=1500.0)]
     config = SimConfig(gpu_quota=(("ann", 2),))
     r = simulate(specs, apps, make_policy(PolicyName.UNIPAR), Cluster.uniform(4, 4), config)
@@ -100,12 +99,18 @@ def test_autoscaling_saves_and_spot_loses_no_job(apps):
     specs = _small(apps)
     fixed = simulate(specs, apps, make_policy(PolicyName.UNIPAR), Cluster.uniform(16, 4))
     scaled = simulate(
-        specs, apps, make_policy(PolicyName.UNIPAR), Cluster.uniform(16, 4),
+        specs,
+        apps,
+        make_policy(PolicyName.UNIPAR),
+        Cluster.uniform(16, 4),
         fleet=AutoscaleFleet(Cluster.uniform(16, 4), min_nodes=1),
     )
     assert scaled.cost < 0.7 * fixed.cost
     spot = simulate(
-        specs, apps, make_policy(PolicyName.UNIPAR), Cluster.uniform(16, 4),
+        specs,
+        apps,
+        make_policy(PolicyName.UNIPAR),
+        Cluster.uniform(16, 4),
         fleet=make_fleet(Cluster.uniform(16, 4), None, spot_rate=2.0, seed=1),
     )
     assert len(spot.jobs) == len(specs)
@@ -138,8 +143,20 @@ def test_bad_workloads_name_the_row(apps, tmp_path, rows, match):
 def test_cli_prints_and_writes(tmp_path, capsys):
     path = _write(tmp_path, ["a,0,cifar10,4,1024", "b,30,ncf,1,32768", "c,90,bert,4,96"])
     out = tmp_path / "out"
-    code = main(["simulate", str(path), "--policy", "unipar", "--nodes", "2",
-                 "--reference", str(REFERENCE), "--out", str(out)])
+    code = main(
+        [
+            "simulate",
+            str(path),
+            "--policy",
+            "unipar",
+            "--nodes",
+            "2",
+            "--reference",
+            str(REFERENCE),
+            "--out",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert code == 0
     assert "avg JCT" in text and "p99 JCT" in text and "GPU utilisation" in text
@@ -150,7 +167,20 @@ def test_cli_prints_and_writes(tmp_path, capsys):
 
 def test_cli_bad_input_is_a_clear_error(tmp_path, capsys):
     path = _write(tmp_path, ["a,0,cifar10,4,1024", "b,0,cifar10,20,1024"])
-    code = main(["simulate", str(path), "--nodes", "4", "--reference", str(REFERENCE),
-                 "--out", str(tmp_path), "--no-plot", "--policy", "tiresias"])
+    code = main(
+        [
+            "simulate",
+            str(path),
+            "--nodes",
+            "4",
+            "--reference",
+            str(REFERENCE),
+            "--out",
+            str(tmp_path),
+            "--no-plot",
+            "--policy",
+            "tiresias",
+        ]
+    )
     assert code == 2
     assert "w.csv:3" in capsys.readouterr().err

@@ -33,6 +33,8 @@ _EXPORTS = {
     "StepMetrics": "unipar.runtime",
     "fit": "unipar.runtime.fit",
     "load_model_state": "unipar.runtime",
+    "tune": "unipar.tuning.api",
+    "TuneResult": "unipar.tuning.api",
 }
 
 

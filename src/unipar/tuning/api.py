@@ -1,0 +1,314 @@
+"""``unipar.tune``: unipar runs as the trials of a Ray Tune experiment.
+
+Everything is checked before any trial starts: the space, the metric (one of the
+numbers each trial reports), the searcher/scheduler pairing, a first job built from the
+space, and that one trial's gang fits the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from unipar.errors import ConfigError
+from unipar.tuning.choices import (
+    SchedulerKind,
+    SearcherKind,
+    build_scheduler,
+    build_searcher,
+    parse_kind,
+)
+from unipar.tuning.report import LiveProgress, TrialRow, draw_curves, format_table
+from unipar.tuning.space import SearchSpace, load_space
+from unipar.tuning.trainable import REPORTED, MakeJob, TrialSettings, gang_resources, run_trial
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The experiment's outcome: trials best first, the best one's config and checkpoint."""
+
+    metric: str
+    mode: str
+    rows: tuple[TrialRow, ...]
+    best_config: dict[str, Any]
+    best_value: float
+    best_checkpoint: Path | None
+    experiment_path: Path
+    curves: dict[str, tuple[list[int], list[float], str]] = field(repr=False)
+    curves_png: Path | None = None
+
+    def table(self) -> str:
+        return format_table(self.rows, self.metric)
+
+
+def tune(
+    make_job: MakeJob,
+    space: Mapping[str, Any] | str | Path,
+    *,
+    metric: str = "loss",
+    mode: str = "min",
+    num_samples: int = 8,
+    searcher: SearcherKind | str = SearcherKind.RANDOM,
+    scheduler: SchedulerKind | str = SchedulerKind.ASHA,
+    workers_per_trial: int = 1,
+    cpus_per_worker: float = 1.0,
+    pruner: Any = None,
+    resume: bool = False,
+    name: str | None = None,
+    storage_path: str | Path = "unipar_runs/tune",
+    max_concurrent: int | None = None,
+    seed: int | None = 0,
+    max_failures: int = 2,
+    perturbation_interval: int | None = None,
+    progress: bool = True,
+    plot: bool = True,
+    address: str | None = None,
+) -> TuneResult:
+    """Search ``space`` with ``num_samples`` trials of ``make_job(config)``, each a unipar
+    run on ``workers_per_trial`` workers reserved as one gang.
+
+    ``searcher``: random, grid, optuna (TPE) or hyperopt; ``scheduler``: fifo, asha,
+    hyperband, median, pbt or pb2. ``pruner``: any Optuna pruner (needs the optuna
+    searcher). ``perturbation_interval``: steps between PBT/PB2 exploits (default a quarter
+    of the job's steps). ``resume``: continue the experiment ``name`` under ``storage_path``
+    (Tune's experiment restore; finished trials are not rerun)."""
+    from ray import tune as ray_tune
+
+    from unipar.ray_session import ray_session
+
+    space_ = load_space(space)
+    searcher_kind = parse_kind(SearcherKind, searcher, "searcher")
+    scheduler_kind = parse_kind(SchedulerKind, scheduler, "scheduler")
+    _check_settings(metric, mode, num_samples, workers_per_trial, pruner, searcher_kind)
+    _check_pairing(searcher_kind, scheduler_kind)
+    job = _first_job(make_job, space_)
+    name = name or f"{job.name}-tune"
+    experiment = Path(storage_path).resolve() / name
+    settings = TrialSettings(
+        workers=workers_per_trial,
+        cpus_per_worker=cpus_per_worker,
+        checkpoint_every=max(1, job.steps // 8),
+        max_failures=max_failures,
+    )
+    with ray_session(address):
+        from unipar.ray_session import require_resources
+
+        require_resources({"CPU": cpus_per_worker}, workers_per_trial, "worker per trial")
+        trainable = ray_tune.with_resources(
+            partial(run_trial, make_job=make_job, settings=settings), gang_resources(settings)
+        )
+        if resume:
+            tuner = _restore(experiment, trainable)
+        else:
+            _refuse_overwrite(experiment)
+            tuner = _new_tuner(
+                trainable,
+                space_,
+                steps=job.steps,
+                metric=metric,
+                mode=mode,
+                num_samples=num_samples,
+                searcher_kind=searcher_kind,
+                scheduler_kind=scheduler_kind,
+                pruner=pruner,
+                seed=seed,
+                max_concurrent=max_concurrent,
+                max_failures=max_failures,
+                name=name,
+                storage=experiment.parent,
+                progress=progress,
+                perturbation_steps=perturbation_interval or max(1, job.steps // 4),
+            )
+        grid = tuner.fit()
+        return _collect(grid, metric, mode, job.steps, experiment, plot)
+
+
+def _check_settings(
+    metric: str, mode: str, num_samples: int, workers: int, pruner: Any, searcher: SearcherKind
+) -> None:
+    if metric not in REPORTED:
+        raise ConfigError(
+            f"metric {metric!r} is never reported by a trial; trials report "
+            f"{', '.join(REPORTED)}; pass one of those"
+        )
+    if mode not in ("min", "max"):
+        raise ConfigError(f"mode must be 'min' or 'max', but got {mode!r}")
+    if num_samples < 1:
+        raise ConfigError(f"num_samples must be at least 1, but got {num_samples}")
+    if workers < 1:
+        raise ConfigError(f"workers_per_trial must be at least 1, but got {workers}")
+    if pruner is not None and searcher is not SearcherKind.OPTUNA:
+        raise ConfigError(
+            f"an Optuna pruner needs searcher='optuna', but got searcher={searcher.value!r}"
+        )
+
+
+def _check_pairing(searcher: SearcherKind, scheduler: SchedulerKind) -> None:
+    """Population-based schedulers choose the configs themselves (Tune refuses a searcher)."""
+    if scheduler in (SchedulerKind.PBT, SchedulerKind.PB2) and searcher not in (
+        SearcherKind.RANDOM,
+        SearcherKind.GRID,
+    ):
+        raise ConfigError(
+            f"the {scheduler.value} scheduler picks and mutates configs itself, so it runs "
+            f"with the random/grid searcher only, but got searcher={searcher.value!r}"
+        )
+
+
+def _first_job(make_job: MakeJob, space: SearchSpace) -> Any:
+    """A job built from the first point of the space, so a broken factory fails now."""
+    from unipar.job import Job
+    from unipar.job_file import user_code_error
+
+    config = {p.name: p.values[0] for p in space.params}  # a range's low end
+    try:
+        job = make_job(config)
+    except Exception as error:
+        raise user_code_error(error, f"make_job({config})") from None
+    if not isinstance(job, Job):
+        raise ConfigError(
+            f"make_job(config) must return a unipar.Job, but got {type(job).__name__}"
+        )
+    return job
+
+
+def _refuse_overwrite(experiment: Path) -> None:
+    if experiment.exists() and any(experiment.iterdir()):
+        raise ConfigError(
+            f"{experiment} already holds an experiment; pass resume=True (--resume) to "
+            "continue it, or another name"
+        )
+
+
+def _restore(experiment: Path, trainable: Any) -> Any:
+    from ray import tune as ray_tune
+
+    if not ray_tune.Tuner.can_restore(str(experiment)):
+        raise ConfigError(
+            f"cannot resume: {experiment} holds no Tune experiment; run without resume first"
+        )
+    return ray_tune.Tuner.restore(
+        str(experiment), trainable=trainable, resume_unfinished=True, restart_errored=True
+    )
+
+
+def _new_tuner(
+    trainable: Any,
+    space: SearchSpace,
+    *,
+    steps: int,
+    metric: str,
+    mode: str,
+    num_samples: int,
+    searcher_kind: SearcherKind,
+    scheduler_kind: SchedulerKind,
+    pruner: Any,
+    seed: int | None,
+    max_concurrent: int | None,
+    max_failures: int,
+    name: str,
+    storage: Path,
+    progress: bool,
+    perturbation_steps: int,
+) -> Any:
+    from ray import tune as ray_tune
+    from ray.tune.logger import TBXLoggerCallback
+    from ray.tune.stopper import CombinedStopper, FunctionStopper
+
+    # A trial that reached the job's last step is done: no scheduler may pause it then.
+    stops: list[Any] = [FunctionStopper(partial(_at_last_step, steps))]
+    param_space = space.tune_space()
+    if searcher_kind is SearcherKind.OPTUNA:
+        from unipar.tuning.optuna_driver import OptunaDriver, OptunaPruning, OptunaSearcher
+
+        driver = OptunaDriver(space, metric=metric, mode=mode, seed=seed, pruner=pruner)
+        search_alg: Any = OptunaSearcher(driver)
+        stops.append(OptunaPruning(driver))
+        param_space = {}
+    else:
+        search_alg = build_searcher(searcher_kind, space, metric, mode, seed)
+        if search_alg is not None:
+            param_space = {}
+            search_alg.searcher.set_search_properties(metric, mode, space.tune_space())
+    scheduler = build_scheduler(
+        scheduler_kind,
+        space,
+        max_steps=steps,
+        grace_steps=max(1, steps // 4),
+        perturbation_steps=perturbation_steps,
+        seed=seed,
+    )
+    total = num_samples * (space.grid_size if search_alg is None else 1)
+    return ray_tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=ray_tune.TuneConfig(
+            metric=metric,
+            mode=mode,
+            num_samples=num_samples,
+            search_alg=search_alg,
+            scheduler=scheduler,
+            max_concurrent_trials=max_concurrent,
+        ),
+        run_config=ray_tune.RunConfig(
+            name=name,
+            storage_path=str(storage),
+            stop=CombinedStopper(*stops),
+            verbose=0,
+            failure_config=ray_tune.FailureConfig(max_failures=max_failures),
+            checkpoint_config=ray_tune.CheckpointConfig(num_to_keep=4),
+            callbacks=[LiveProgress(total, metric, enabled=progress), TBXLoggerCallback()],
+        ),
+    )
+
+
+def _at_last_step(steps: int, trial_id: str, result: dict[str, Any]) -> bool:
+    return int(result.get("step", 0)) >= steps
+
+
+def _collect(
+    grid: Any, metric: str, mode: str, steps: int, experiment: Path, plot: bool
+) -> TuneResult:
+    rows, curves = [], {}
+    for result in grid:
+        frame = result.metrics_dataframe
+        trial_id = str((result.metrics or {}).get("trial_id", Path(result.path).name))
+        if frame is None or metric not in frame or frame.empty:
+            curves[trial_id] = ([], [], "error")
+            rows.append(TrialRow(trial_id, dict(result.config or {}), float("nan"), 0, "error"))
+            continue
+        last_step = int(frame["step"].iloc[-1])
+        status = "error" if result.error else ("done" if last_step >= steps else "stopped")
+        curves[trial_id] = (
+            frame["step"].astype(int).tolist(),
+            frame[metric].astype(float).tolist(),
+            status,
+        )
+        rows.append(
+            TrialRow(
+                trial_id,
+                dict(result.config or {}),
+                float(frame[metric].iloc[-1]),
+                last_step,
+                status,
+            )
+        )
+    sign = 1.0 if mode == "min" else -1.0
+    rows.sort(key=lambda r: (r.value != r.value, sign * r.value if r.value == r.value else 0.0))
+    best = grid.get_best_result(metric=metric, mode=mode, scope="last")
+    png = draw_curves(curves, metric, experiment / "loss_curves.png") if plot else None
+    best_row = rows[0]
+    return TuneResult(
+        metric=metric,
+        mode=mode,
+        rows=tuple(rows),
+        best_config=dict(best.config or {}),
+        best_value=best_row.value,
+        best_checkpoint=Path(best.checkpoint.path) if best.checkpoint else None,
+        experiment_path=experiment,
+        curves=curves,
+        curves_png=png,
+    )

@@ -1,0 +1,113 @@
+"""The searchers and schedulers by name, each built from Ray Tune (or Optuna) itself."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from unipar.errors import ConfigError
+from unipar.tuning.space import SearchSpace
+
+
+class SearcherKind(Enum):
+    RANDOM = "random"  # random and grid: Tune's BasicVariantGenerator
+    GRID = "grid"
+    OPTUNA = "optuna"  # Optuna's TPE, driven by unipar (pruners work)
+    HYPEROPT = "hyperopt"
+
+
+class SchedulerKind(Enum):
+    FIFO = "fifo"
+    ASHA = "asha"
+    HYPERBAND = "hyperband"
+    MEDIAN = "median"
+    PBT = "pbt"
+    PB2 = "pb2"
+
+
+def parse_kind(enum: type[Enum], value: Any, what: str) -> Any:
+    if isinstance(value, enum):
+        return value
+    try:
+        return enum(str(value).lower())
+    except ValueError:
+        raise ConfigError(
+            f"unknown {what} {value!r}; choose one of {', '.join(k.value for k in enum)}"
+        ) from None
+
+
+def build_searcher(
+    kind: SearcherKind, space: SearchSpace, metric: str, mode: str, seed: int | None
+) -> Any:
+    """Tune's searcher for ``kind`` (None: Tune's random/grid variant generator)."""
+    if kind in (SearcherKind.RANDOM, SearcherKind.GRID):
+        return None
+    if space.has_grid:
+        raise ConfigError(
+            f"the {kind.value} searcher samples, it cannot enumerate a grid; use `choice` "
+            "instead of `grid`, or searcher='grid'"
+        )
+    from ray.tune.search import ConcurrencyLimiter
+
+    if kind is SearcherKind.HYPEROPT:
+        try:
+            from ray.tune.search.hyperopt import HyperOptSearch
+
+            searcher = HyperOptSearch(metric=metric, mode=mode, random_state_seed=seed)
+        except (ImportError, AssertionError):
+            raise ConfigError(
+                "the hyperopt searcher needs hyperopt, which is not installed; "
+                "`pip install unipar[tune]` (or `pip install hyperopt`)"
+            ) from None
+        return ConcurrencyLimiter(searcher, max_concurrent=4)
+    raise ConfigError("the optuna searcher is built by unipar.tuning.optuna_driver")
+
+
+def build_scheduler(
+    kind: SchedulerKind,
+    space: SearchSpace,
+    *,
+    max_steps: int,
+    grace_steps: int,
+    perturbation_steps: int,
+    seed: int | None,
+) -> Any:
+    """Tune's scheduler for ``kind``; time is counted in training steps (``step``)."""
+    from ray.tune import schedulers
+
+    if kind is SchedulerKind.FIFO:
+        return schedulers.FIFOScheduler()
+    if kind is SchedulerKind.ASHA:
+        return schedulers.ASHAScheduler(
+            time_attr="step", max_t=max_steps, grace_period=grace_steps, reduction_factor=2
+        )
+    if kind is SchedulerKind.HYPERBAND:
+        return schedulers.HyperBandScheduler(time_attr="step", max_t=max_steps, reduction_factor=2)
+    if kind is SchedulerKind.MEDIAN:
+        return schedulers.MedianStoppingRule(
+            time_attr="step", grace_period=grace_steps, min_samples_required=2
+        )
+    mutations = {p.name: p.tune_domain() for p in space.params if p.kind.value != "constant"}
+    if kind is SchedulerKind.PBT:
+        return schedulers.PopulationBasedTraining(
+            time_attr="step",
+            perturbation_interval=perturbation_steps,
+            hyperparam_mutations=mutations,
+            quantile_fraction=0.5,
+            resample_probability=0.25,
+            synch=False,
+        )
+    bounds = {
+        p.name: list(p.values) for p in space.params if p.kind.value in ("uniform", "loguniform")
+    }
+    try:
+        from ray.tune.schedulers.pb2 import PB2
+
+        return PB2(
+            time_attr="step", perturbation_interval=perturbation_steps, hyperparam_bounds=bounds
+        )
+    except ImportError as error:
+        raise ConfigError(
+            f"the pb2 scheduler needs GPy and scikit-learn ({error}); "
+            "`pip install GPy scikit-learn`, or use scheduler='pbt'"
+        ) from None

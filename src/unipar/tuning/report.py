@@ -1,0 +1,114 @@
+"""What a tuning run shows: a line per running trial and an overall bar while it runs;
+then a sorted table and a PNG of every trial's loss curve (stopped ones marked)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ray.tune import Callback
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    trial_id: str
+    config: dict[str, Any]
+    value: float
+    steps: int
+    status: str  # "done" (ran to the end), "stopped" (by the scheduler/pruner), "error"
+
+
+def format_table(rows: Sequence[TrialRow], metric: str) -> str:
+    """Rows as a text table, best first (``rows`` already sorted)."""
+    keys = sorted({k for r in rows for k in r.config})
+    head = ["trial", *keys, metric, "at step", "status"]
+    body = [
+        [
+            r.trial_id,
+            *(_short(r.config.get(k)) for k in keys),
+            f"{r.value:.4f}",
+            str(r.steps),
+            r.status,
+        ]
+        for r in rows
+    ]
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=False)]
+    lines = [
+        "  ".join(x.ljust(w) for x, w in zip(line, widths, strict=False)) for line in [head, *body]
+    ]
+    return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def draw_curves(
+    curves: dict[str, tuple[list[int], list[float], str]], metric: str, path: Path
+) -> Path:
+    """One loss curve per trial; an x marks where a stopped trial ended."""
+    from unipar.viz.draw import pyplot
+
+    plt = pyplot()
+    figure, axis = plt.subplots(figsize=(8, 5))
+    for trial_id, (steps, values, status) in sorted(curves.items()):
+        (line,) = axis.plot(steps, values, label=trial_id, linewidth=1)
+        if status == "stopped" and steps:
+            axis.plot(steps[-1], values[-1], "x", color=line.get_color(), markersize=8)
+    axis.set_xlabel("step")
+    axis.set_ylabel(metric)
+    axis.set_title(f"{len(curves)} trials ({metric}); x: stopped early")
+    if len(curves) <= 16:
+        axis.legend(fontsize=6)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    return path
+
+
+class LiveProgress(Callback):
+    """Prints, at most every ``every_s`` seconds, one line per running trial and a bar."""
+
+    def __init__(self, total: int, metric: str, *, every_s: float = 2.0, enabled: bool = True):
+        self.total, self.metric, self.every_s, self.enabled = total, metric, every_s, enabled
+        self.latest: dict[str, dict[str, Any]] = {}
+        self.done: set[str] = set()
+        self._last = 0.0
+
+    def on_trial_result(
+        self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
+    ) -> None:
+        self.latest[trial.trial_id] = result
+        self._show(trials)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.done.add(trial.trial_id)
+        self._show(trials, force=True)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.done.add(trial.trial_id)
+        self._show(trials, force=True)
+
+    def _show(self, trials: list, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self._last < self.every_s):
+            return
+        self._last = now
+        lines = []
+        for trial in trials:
+            if trial.status != "RUNNING":
+                continue
+            result = self.latest.get(trial.trial_id, {})
+            value = result.get(self.metric)
+            shown = f"{value:.4f}" if isinstance(value, float) else "-"
+            lines.append(
+                f"  {trial.trial_id}  step {result.get('step', 0):>5}  {self.metric} {shown}"
+            )
+        done = len(self.done)
+        filled = int(30 * done / max(1, self.total))
+        lines.append(f"  [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total} trials done")
+        print("\n".join(lines), file=sys.stderr, flush=True)

@@ -1,0 +1,215 @@
+"""unipar.tune: unipar runs as Ray Tune trials. Bad input fails before any trial starts
+(pure, no Ray); each searcher and scheduler runs a tiny space end to end on the session
+cluster (4 CPUs, one worker per trial), combined so that the whole file stays short."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray.cloudpickle
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tune_jobs
+
+from unipar.errors import ConfigError, ResourceError
+from unipar.tuning.api import tune
+from unipar.tuning.space import ParamKind, load_space
+
+ray.cloudpickle.register_pickle_by_value(tune_jobs)  # the trainable runs remotely
+
+SPACE = {"lr": {"loguniform": [1e-3, 3e-2]}, "warmup": {"choice": [0, 2]}}
+
+
+def _tune(tmp_path: Path, space=SPACE, **kwargs):
+    options = {"num_samples": 3, "workers_per_trial": 1, "storage_path": tmp_path, "name": "x"}
+    return tune(tune_jobs.make_job, space, **{**options, **kwargs})
+
+
+# -- bad input: errors before any trial starts (no Ray needed) -----------------------
+
+
+@pytest.mark.parametrize(
+    ("space", "words"),
+    [
+        ({}, "nothing to search"),
+        ({"steps": 3}, "nothing to search"),
+        ({"lr": {"logunifrom": [1e-3, 1e-2]}}, "unknown kind 'logunifrom'"),
+        ({"lr": {"uniform": [0.1, 0.01]}}, "low < high"),
+        ({"lr": {"loguniform": [0.0, 0.1]}}, "low > 0"),
+        ({"lr": {"uniform": [0.1]}}, "two numbers"),
+        ({"lr": {"uniform": [0, 1], "choice": [1]}}, "exactly one kind"),
+        ([1, 2], "must be a mapping"),
+    ],
+)
+def test_bad_space_is_refused(tmp_path, space, words):
+    with pytest.raises(ConfigError, match=words):
+        _tune(tmp_path, space)
+    assert not (tmp_path / "x").exists()
+
+
+def test_space_from_yaml(tmp_path):
+    good = tmp_path / "space.yaml"
+    good.write_text("lr: {loguniform: [1.0e-4, 1.0e-2]}\nwarmup: {grid: [0, 5]}\nsteps: 4\n")
+    space = load_space(good)
+    assert [p.kind for p in space.params] == [
+        ParamKind.LOGUNIFORM,
+        ParamKind.GRID,
+        ParamKind.CONSTANT,
+    ]
+    assert space.grid_size == 2 and space.constants() == {"steps": 4}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: {loguniform: [1.0e-4, \n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_space(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_space(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"metric": "val_loss"}, "never reported"),
+        ({"searcher": "optuna", "scheduler": "pbt"}, "random/grid searcher only"),
+        ({"searcher": "tpe"}, "unknown searcher 'tpe'"),
+        ({"scheduler": "asha2"}, "unknown scheduler"),
+        ({"pruner": object()}, "needs searcher='optuna'"),
+        ({"searcher": "hyperopt", "space": {"lr": {"grid": [0.1, 0.2]}}}, "cannot enumerate"),
+    ],
+)
+def test_bad_settings_are_refused(tmp_path, kwargs, words):
+    space = kwargs.pop("space", SPACE)
+    with pytest.raises(ConfigError, match=words):
+        _tune(tmp_path, space, **kwargs)
+
+
+def test_more_workers_per_trial_than_the_cluster_has(ray_cluster, tmp_path):
+    with pytest.raises(ResourceError, match=r"8 CPUs .* the Ray cluster has 4"):
+        _tune(tmp_path, workers_per_trial=8)
+    assert not (tmp_path / "x").exists()
+
+
+# -- end to end on the session cluster -----------------------------------------------
+
+
+def test_grid_with_hyperband_and_random_with_median(ray_cluster, tmp_path):
+    grid = _tune(
+        tmp_path,
+        {"lr": {"grid": [1e-3, 2e-2]}},
+        num_samples=1,
+        searcher="grid",
+        scheduler="hyperband",
+        name="grid",
+    )
+    assert sorted(r.config["lr"] for r in grid.rows) == [1e-3, 2e-2]
+    assert grid.best_config == grid.rows[0].config and grid.best_checkpoint.is_dir()
+    assert grid.curves_png.stat().st_size > 0
+    median = _tune(tmp_path, num_samples=3, scheduler="median", name="median")
+    values = [r.value for r in median.rows]
+    assert values == sorted(values) and len(values) == 3
+    tensorboard = list((tmp_path / "median").glob("*/events.out.tfevents.*"))
+    assert len(tensorboard) == 3
+    assert "loss" in median.table().splitlines()[0]
+
+
+def test_hyperopt_with_asha(ray_cluster, tmp_path):
+    result = _tune(tmp_path, num_samples=4, searcher="hyperopt", scheduler="asha")
+    assert len(result.rows) == 4
+    assert all(r.status in ("done", "stopped") for r in result.rows)
+    assert result.rows[0].value == min(r.value for r in result.rows)
+
+
+def test_optuna_tpe_with_its_median_pruner(ray_cluster, tmp_path):
+    import optuna
+
+    space = {"lr": {"choice": [1e-5, 3e-2]}, "steps": 12}
+    result = _tune(
+        tmp_path,
+        space,
+        num_samples=6,
+        searcher="optuna",
+        scheduler="fifo",
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=3),
+        max_concurrent=2,
+    )
+    stopped = [r for r in result.rows if r.status == "stopped"]
+    assert stopped, result.table()
+    assert all(r.steps < 12 for r in stopped)
+    assert result.best_config["lr"] == 3e-2
+
+
+def test_pbt_exploits_and_the_exploited_trial_continues_from_the_donor_step(ray_cluster, tmp_path):
+    space = {"lr": {"loguniform": [1e-5, 3e-2]}, "steps": 16}
+    result = _tune(tmp_path, space, num_samples=3, scheduler="pbt", perturbation_interval=4)
+    assert (tmp_path / "x" / "pbt_global.txt").read_text().strip(), "no exploit happened"
+    continued = []
+    for path in (tmp_path / "x").glob("run_trial_*/progress.csv"):
+        import pandas
+
+        frame = pandas.read_csv(path)
+        restarts = frame[frame["resumed_from"] > 0]
+        for resumed, steps in restarts.groupby("resumed_from")["step"]:
+            continued.append((resumed, steps.min()))
+    assert continued, "no trial continued from a donor's checkpoint"
+    assert all(first == resumed + 1 for resumed, first in continued), continued
+    assert all(r.steps == 16 for r in result.rows)
+
+
+def test_a_sigkilled_trial_worker_is_recovered(ray_cluster, tmp_path):
+    marker = tmp_path / "kill-once"
+    marker.touch()
+    space = {"lr": {"choice": [1e-2]}, "steps": 40, "kill_marker": str(marker)}
+    result = _tune(tmp_path, space, num_samples=1, scheduler="fifo")
+    assert not marker.exists(), "the worker never killed itself"
+    assert [(r.status, r.steps) for r in result.rows] == [("done", 40)]
+    lines = (next((tmp_path / "x").glob("*/run-0/metrics.jsonl"))).read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    assert any("worker lost" in e.get("reason", "") for e in events)  # the elastic recovery
+
+
+def test_an_interrupted_experiment_resumes_without_rerunning_finished_trials(ray_cluster, tmp_path):
+    def interrupt_after_first_trial() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any('"step": 12,' in p.read_text() for p in tmp_path.glob("x/*/result.json")):
+                time.sleep(1.0)  # the trial ends (its final report was its last step)
+                signal.raise_signal(signal.SIGINT)  # Tune stops, saving the experiment
+                return
+            time.sleep(0.1)
+
+    space = {"lr": {"grid": [1e-3, 1e-2, 2e-2]}, "steps": 12}
+    watcher = threading.Thread(target=interrupt_after_first_trial)
+    watcher.start()
+    first = _tune(tmp_path, space, num_samples=1, scheduler="fifo", max_concurrent=1)
+    watcher.join()
+    finished = {r.trial_id for r in first.rows if r.status == "done"}
+    assert 1 <= len(finished) < 3, first.table()
+    runs_before = {p.parent.name: p for p in tmp_path.glob("x/*/run-0")}
+    resumed = _tune(tmp_path, space, num_samples=1, scheduler="fifo", resume=True)
+    assert [r.status for r in resumed.rows] == ["done"] * 3
+    for trial_dir in (tmp_path / "x").glob("run_trial_*"):
+        if any(trial_dir.name.startswith(f"run_trial_{t}") for t in finished):
+            assert not (trial_dir / "run-1").exists(), f"{trial_dir.name} was rerun"
+    assert runs_before
+
+
+def test_cli_refuses_an_empty_space_before_any_trial(tmp_path, capsys):
+    from unipar.cli import main
+
+    job_file = tmp_path / "my_job.py"
+    here = str(Path(__file__).parent)
+    job_file.write_text(
+        f"import sys\nsys.path.insert(0, {here!r})\nfrom tune_jobs import make_job as job\n"
+    )
+    space = tmp_path / "space.yaml"
+    space.write_text("")
+    argv = ["tune", str(job_file), "--space", str(space), "--storage", str(tmp_path)]
+    assert main(argv) == 2
+    assert "nothing to search" in capsys.readouterr().err
+    assert main([*argv[:3], str(tmp_path / "none.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
