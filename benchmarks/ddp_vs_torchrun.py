@@ -10,7 +10,8 @@ prints per side:
   time to first step: from launching the command to the end of step 0 on a worker.
 unipar runs twice per repeat: cold (``unipar train`` starts its embedded Ray cluster) and
 attached (``--address`` of a cluster already up, started by this script as ``unipar up``
-or ``RAY_preload_python_modules=torch ray start --head`` would: workers preload torch).
+or ``RAY_preload_python_modules=... ray start --head`` would: workers preload torch and
+unipar's worker modules, ``unipar.ray_session.TRAINING_PRELOAD``).
 Prints the ratios unipar / torchrun; last line
 ``RESULT steady=<steps/s ratio, attached> first_cold=<ratio> first_attached=<ratio>``
 (targets: steady >= 0.99, first_cold <= 1.5, first_attached <= 1.0).
@@ -155,11 +156,13 @@ def _start_cluster() -> str:
 
     import ray
 
+    from unipar.ray_session import TRAINING_PRELOAD
+
     ray.init(
         address="local",
         num_cpus=os.cpu_count(),
         include_dashboard=False,
-        _system_config={"preload_python_modules": ["torch"]},
+        _system_config={"preload_python_modules": list(TRAINING_PRELOAD)},
     )
     time.sleep(5)  # its idle workers up, as on a cluster started earlier
     return ray.get_runtime_context().gcs_address
