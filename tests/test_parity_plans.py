@@ -68,6 +68,13 @@ CASES = {
     "fsdp4": (gpt, 4, {"fsdp": 4}),
     "tp4": (gpt_four_heads, 4, {"tp": 4}),
     "pp4-1f1b": (gpt_four_layers, 4, {"pp": 4, "microbatch_size": 2, "schedule": ONE_F_ONE_B}),
+    "fsdp2-selective-recompute": (gpt, 2, {"fsdp": 2, "recompute": Recompute.SELECTIVE}),
+    "tp2-selective-recompute": (gpt, 2, {"tp": 2, "recompute": Recompute.SELECTIVE}),
+    "dp2-recompute-every-2nd": (
+        gpt_four_layers,
+        2,
+        {"dp": 2, "recompute": Recompute.FULL, "recompute_every": 2},
+    ),
     "llama-tp2": (tiny_llama_job, 2, {"tp": 2}),
     "llama-pp2": (tiny_llama_job, 2, {"pp": 2, "microbatch_size": 2}),
     "mlp-fsdp2": (tiny_mlp_job, 2, {"fsdp": 2}),

@@ -118,7 +118,6 @@ def test_mesh_coordinates_put_tp_innermost():
     [
         ({"sequence_parallel": True}, "sequence parallelism"),
         ({"distributed_optimizer": True}, "distributed optimizer"),
-        ({"recompute": Recompute.SELECTIVE}, "selective recompute"),
     ],
 )
 def test_fit_refuses_plans_the_runtime_cannot_apply(changes, pattern):

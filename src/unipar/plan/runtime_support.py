@@ -22,7 +22,10 @@ class Feature(Enum):
 
 # Options the runtime does not apply yet; an option leaves this set when the runtime
 # learns it (and its parity test lands).
-RUNTIME_LACKS: frozenset[Feature] = frozenset(Feature)
+RUNTIME_LACKS: frozenset[Feature] = frozenset(Feature) - {
+    Feature.SELECTIVE_RECOMPUTE,
+    Feature.PARTIAL_RECOMPUTE,
+}
 
 _FIXES = {
     Feature.CONTEXT_PARALLEL: "set mesh.cp to 1 (use tp, pp or fsdp for long sequences)",

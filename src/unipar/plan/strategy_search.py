@@ -288,10 +288,11 @@ def _recomputes(
     """(recompute, every n-th layer) options worth costing, from the fastest: none;
     selective only where attention stores scores (the math path; under a flash kernel
     it saves nothing and costs a forward); full recompute of every 4th, 2nd, then
-    every layer."""
+    every layer. A pinned option is costed whatever it saves."""
     stores_scores = cluster.device.attention is AttentionKernel.MATH and profile.has_attention
     options = [(Recompute.NONE, 1)]
-    if stores_scores and fixed.allows(Feature.SELECTIVE_RECOMPUTE):
+    pinned = fixed.recompute is Recompute.SELECTIVE
+    if (stores_scores or pinned) and fixed.allows(Feature.SELECTIVE_RECOMPUTE):
         options.append((Recompute.SELECTIVE, 1))
     partial = fixed.allows(Feature.PARTIAL_RECOMPUTE) and profile.num_blocks > 1
     options += [(Recompute.FULL, n) for n in RECOMPUTE_EVERY if partial or n == 1]
