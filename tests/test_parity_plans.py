@@ -75,6 +75,8 @@ CASES = {
         2,
         {"dp": 2, "recompute": Recompute.FULL, "recompute_every": 2},
     ),
+    "dp2-distributed-optimizer": (gpt, 2, {"dp": 2, "distributed_optimizer": True}),
+    "dp4-distributed-optimizer": (gpt, 4, {"dp": 4, "distributed_optimizer": True}),
     "llama-tp2": (tiny_llama_job, 2, {"tp": 2}),
     "llama-pp2": (tiny_llama_job, 2, {"pp": 2, "microbatch_size": 2}),
     "mlp-fsdp2": (tiny_mlp_job, 2, {"fsdp": 2}),

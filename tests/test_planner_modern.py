@@ -158,7 +158,13 @@ def test_runtime_support_names_every_new_option():
         recompute=Recompute.FULL,
         recompute_every=2,
     )
-    assert plan_features(everything) == set(Feature) - {Feature.SELECTIVE_RECOMPUTE}
+    assert plan_features(everything) == set(Feature) - {
+        Feature.SELECTIVE_RECOMPUTE,
+        Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER,
+    }
+    zero1 = Plan(mesh=Mesh(dp=4), distributed_optimizer=True)
+    assert plan_features(zero1) == {Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER}
+    assert unsupported_features(zero1) == []  # the runtime applies it over dp alone
     messages = unsupported_features(everything, lacking=frozenset(Feature))
     assert len(messages) == 4 and all("runtime cannot apply" in m for m in messages)
     selective = Plan(recompute=Recompute.SELECTIVE)

@@ -164,17 +164,23 @@ def _meshes(
                 replicas = devices // (tp * pp * cp)
                 if batch % replicas:
                     continue
-                for dp, fsdp, reshard, zero1 in _data_parallel_flavours(replicas, cp, fixed):
+                only_dp = (pp, tp, cp) == (1, 1, 1)
+                for dp, fsdp, reshard, zero1 in _data_parallel_flavours(
+                    replicas, cp, fixed, only_dp
+                ):
                     yield Mesh(pp=pp, dp=dp, fsdp=fsdp, tp=tp, cp=cp), reshard, zero1
 
 
 def _data_parallel_flavours(
-    replicas: int, cp: int, fixed: Constraints
+    replicas: int, cp: int, fixed: Constraints, only_dp: bool
 ) -> list[tuple[int, int, bool, bool]]:
     """(dp, fsdp, reshard after forward, distributed optimizer): all-reduce, ZeRO-1
-    (over dp x cp), ZeRO-2, ZeRO-3."""
+    (over dp x cp), ZeRO-2, ZeRO-3. ``only_dp``: no tp, pp or cp beside."""
     options = [(replicas, 1, True, False)]
-    if replicas * cp > 1 and fixed.allows(Feature.DISTRIBUTED_OPTIMIZER):
+    zero1 = (
+        Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER if only_dp else Feature.DISTRIBUTED_OPTIMIZER
+    )
+    if replicas * cp > 1 and fixed.allows(zero1):
         options.append((replicas, 1, True, True))
     if replicas > 1:
         options += [(1, replicas, False, False), (1, replicas, True, False)]  # ZeRO-2, ZeRO-3

@@ -33,6 +33,7 @@ from unipar.plan import Plan
 from unipar.plan.representation import MeshCoordinates
 from unipar.runtime import stages as stage_cuts
 from unipar.runtime.data_parallel import apply_ddp, apply_fully_shard, uses_fully_shard
+from unipar.runtime.distributed_optimizer import check_distributed_optimizer
 from unipar.runtime.recompute import apply_recompute
 from unipar.runtime.tensor_parallel import (
     apply_tensor_parallel,
@@ -252,6 +253,7 @@ def parallelize(
             f"fsdp={mesh.fsdp} x tp={mesh.tp}), but the run has {world_size}; set workers="
             f"{mesh.world_size} or choose a plan for {world_size}"
         )
+    check_distributed_optimizer(plan)
     coordinates = mesh.coordinates(rank)
     torch.manual_seed(seed)
     reference = hf.disable_cache(build())
