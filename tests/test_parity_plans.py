@@ -77,6 +77,8 @@ CASES = {
     ),
     "dp2-distributed-optimizer": (gpt, 2, {"dp": 2, "distributed_optimizer": True}),
     "dp4-distributed-optimizer": (gpt, 4, {"dp": 4, "distributed_optimizer": True}),
+    "tp2-sequence-parallel": (gpt, 2, {"tp": 2, "sequence_parallel": True}),
+    "llama-tp2-sequence-parallel": (tiny_llama_job, 2, {"tp": 2, "sequence_parallel": True}),
     "llama-tp2": (tiny_llama_job, 2, {"tp": 2}),
     "llama-pp2": (tiny_llama_job, 2, {"pp": 2, "microbatch_size": 2}),
     "mlp-fsdp2": (tiny_mlp_job, 2, {"fsdp": 2}),

@@ -116,7 +116,8 @@ def test_mesh_coordinates_put_tp_innermost():
 @pytest.mark.parametrize(
     ("changes", "pattern"),
     [
-        ({"sequence_parallel": True}, "sequence parallelism"),
+        ({"mesh": Mesh(fsdp=2), "distributed_optimizer": True}, "distributed optimizer"),
+        ({"mesh": Mesh(cp=2), "microbatch_size": 8}, "context parallelism"),
     ],
 )
 def test_fit_refuses_plans_the_runtime_cannot_apply(changes, pattern):

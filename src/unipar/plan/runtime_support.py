@@ -30,6 +30,7 @@ RUNTIME_LACKS: frozenset[Feature] = frozenset(Feature) - {
     Feature.SELECTIVE_RECOMPUTE,
     Feature.PARTIAL_RECOMPUTE,
     Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER,
+    Feature.SEQUENCE_PARALLEL,
 }
 
 _FIXES = {

@@ -279,7 +279,9 @@ def parallelize(
     roles = tensor_parallel_roles(whole, plan) if mesh.tp > 1 else {}
     for part in parts:
         if roles:
-            apply_tensor_parallel(part, roles, device_mesh["tp"])
+            apply_tensor_parallel(
+                part, roles, device_mesh["tp"], sequence_parallel=plan.sequence_parallel
+            )
         apply_recompute(part, plan)
         if uses_fully_shard(plan):
             apply_fully_shard(part, plan, device_mesh)
