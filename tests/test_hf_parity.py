@@ -52,6 +52,8 @@ CASES = {
     for family in hf_models.FAMILIES
     for name, pins in TWO_WORKER_PLANS.items()
 } | {f"{family}-{name}": (family, 4, pins) for family, (name, pins) in TWO_D_PLANS.items()}
+for family in ("llama", "gpt2"):
+    CASES[f"{family}-tp2-sequence-parallel"] = (family, 2, {"tp": 2, "sequence_parallel": True})
 CASES["gpt2-in-user-model-pp2-gpipe"] = ("gpt2-in-user-model", 2, TWO_WORKER_PLANS["pp2-gpipe"])
 
 

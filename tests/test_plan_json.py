@@ -116,9 +116,8 @@ def test_mesh_coordinates_put_tp_innermost():
 @pytest.mark.parametrize(
     ("changes", "pattern"),
     [
-        ({"sequence_parallel": True}, "sequence parallelism"),
-        ({"distributed_optimizer": True}, "distributed optimizer"),
-        ({"recompute": Recompute.SELECTIVE}, "selective recompute"),
+        ({"mesh": Mesh(fsdp=2), "distributed_optimizer": True}, "distributed optimizer"),
+        ({"mesh": Mesh(cp=2), "microbatch_size": 8}, "context parallelism"),
     ],
 )
 def test_fit_refuses_plans_the_runtime_cannot_apply(changes, pattern):
@@ -130,5 +129,6 @@ def test_fit_refuses_plans_the_runtime_cannot_apply(changes, pattern):
 
     runnable = Plan.data_parallel(2, 8)
     check_plan_for_run(runnable, 2, 8)
+    check_plan_for_run(replace(runnable, distributed_optimizer=True), 2, 8)  # ZeRO-1 over dp
     with pytest.raises(ConfigError, match=pattern):
         check_plan_for_run(replace(runnable, **changes), 2, 8)

@@ -158,12 +158,18 @@ def test_runtime_support_names_every_new_option():
         recompute=Recompute.FULL,
         recompute_every=2,
     )
-    assert plan_features(everything) == set(Feature) - {Feature.SELECTIVE_RECOMPUTE}
-    messages = unsupported_features(everything)
+    assert plan_features(everything) == set(Feature) - {
+        Feature.SELECTIVE_RECOMPUTE,
+        Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER,
+    }
+    zero1 = Plan(mesh=Mesh(dp=4), distributed_optimizer=True)
+    assert plan_features(zero1) == {Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER}
+    assert unsupported_features(zero1) == []  # the runtime applies it over dp alone
+    messages = unsupported_features(everything, lacking=frozenset(Feature))
     assert len(messages) == 4 and all("runtime cannot apply" in m for m in messages)
-    assert (
-        "recompute 'none' or 'full'" in unsupported_features(Plan(recompute=Recompute.SELECTIVE))[0]
-    )
+    selective = Plan(recompute=Recompute.SELECTIVE)
+    assert "recompute 'none' or 'full'" in unsupported_features(selective, frozenset(Feature))[0]
+    assert unsupported_features(selective) == []  # the runtime applies it (parity tests)
 
 
 def test_live_planning_proposes_only_what_the_runtime_runs():

@@ -15,18 +15,28 @@ class Feature(Enum):
 
     CONTEXT_PARALLEL = "context parallelism (mesh.cp > 1)"
     SEQUENCE_PARALLEL = "sequence parallelism (sequence_parallel=true)"
-    DISTRIBUTED_OPTIMIZER = "a distributed optimizer, ZeRO-1 (distributed_optimizer=true)"
+    # the runtime shards optimizer state over plain data parallelism (dp alone)
+    DATA_PARALLEL_DISTRIBUTED_OPTIMIZER = "a distributed optimizer, ZeRO-1, over dp alone"
+    DISTRIBUTED_OPTIMIZER = (
+        "a distributed optimizer, ZeRO-1 (distributed_optimizer=true), with fsdp, tp, pp or cp"
+    )
     SELECTIVE_RECOMPUTE = "selective recompute (recompute='selective')"
     PARTIAL_RECOMPUTE = "full recompute of every n-th layer (recompute_every > 1)"
 
 
 # Options the runtime does not apply yet; an option leaves this set when the runtime
 # learns it (and its parity test lands).
-RUNTIME_LACKS: frozenset[Feature] = frozenset(Feature)
+RUNTIME_LACKS: frozenset[Feature] = frozenset(Feature) - {
+    Feature.SELECTIVE_RECOMPUTE,
+    Feature.PARTIAL_RECOMPUTE,
+    Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER,
+    Feature.SEQUENCE_PARALLEL,
+}
 
 _FIXES = {
     Feature.CONTEXT_PARALLEL: "set mesh.cp to 1 (use tp, pp or fsdp for long sequences)",
     Feature.SEQUENCE_PARALLEL: "set sequence_parallel to false",
+    Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER: "set distributed_optimizer to false",
     Feature.DISTRIBUTED_OPTIMIZER: (
         "set distributed_optimizer to false (mesh.fsdp > 1 shards optimizer state with ZeRO-2/3)"
     ),
@@ -43,7 +53,12 @@ def plan_features(plan: Plan) -> set[Feature]:
     if plan.sequence_parallel:
         used.add(Feature.SEQUENCE_PARALLEL)
     if plan.distributed_optimizer:
-        used.add(Feature.DISTRIBUTED_OPTIMIZER)
+        only_dp = plan.mesh.world_size == plan.mesh.dp
+        used.add(
+            Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER
+            if only_dp
+            else Feature.DISTRIBUTED_OPTIMIZER
+        )
     if plan.recompute is Recompute.SELECTIVE:
         used.add(Feature.SELECTIVE_RECOMPUTE)
     if plan.recompute is Recompute.FULL and plan.recompute_every > 1:

@@ -164,17 +164,23 @@ def _meshes(
                 replicas = devices // (tp * pp * cp)
                 if batch % replicas:
                     continue
-                for dp, fsdp, reshard, zero1 in _data_parallel_flavours(replicas, cp, fixed):
+                only_dp = (pp, tp, cp) == (1, 1, 1)
+                for dp, fsdp, reshard, zero1 in _data_parallel_flavours(
+                    replicas, cp, fixed, only_dp
+                ):
                     yield Mesh(pp=pp, dp=dp, fsdp=fsdp, tp=tp, cp=cp), reshard, zero1
 
 
 def _data_parallel_flavours(
-    replicas: int, cp: int, fixed: Constraints
+    replicas: int, cp: int, fixed: Constraints, only_dp: bool
 ) -> list[tuple[int, int, bool, bool]]:
     """(dp, fsdp, reshard after forward, distributed optimizer): all-reduce, ZeRO-1
-    (over dp x cp), ZeRO-2, ZeRO-3."""
+    (over dp x cp), ZeRO-2, ZeRO-3. ``only_dp``: no tp, pp or cp beside."""
     options = [(replicas, 1, True, False)]
-    if replicas * cp > 1 and fixed.allows(Feature.DISTRIBUTED_OPTIMIZER):
+    zero1 = (
+        Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER if only_dp else Feature.DISTRIBUTED_OPTIMIZER
+    )
+    if replicas * cp > 1 and fixed.allows(zero1):
         options.append((replicas, 1, True, True))
     if replicas > 1:
         options += [(1, replicas, False, False), (1, replicas, True, False)]  # ZeRO-2, ZeRO-3
@@ -288,10 +294,11 @@ def _recomputes(
     """(recompute, every n-th layer) options worth costing, from the fastest: none;
     selective only where attention stores scores (the math path; under a flash kernel
     it saves nothing and costs a forward); full recompute of every 4th, 2nd, then
-    every layer."""
+    every layer. A pinned option is costed whatever it saves."""
     stores_scores = cluster.device.attention is AttentionKernel.MATH and profile.has_attention
     options = [(Recompute.NONE, 1)]
-    if stores_scores and fixed.allows(Feature.SELECTIVE_RECOMPUTE):
+    pinned = fixed.recompute is Recompute.SELECTIVE
+    if (stores_scores or pinned) and fixed.allows(Feature.SELECTIVE_RECOMPUTE):
         options.append((Recompute.SELECTIVE, 1))
     partial = fixed.allows(Feature.PARTIAL_RECOMPUTE) and profile.num_blocks > 1
     options += [(Recompute.FULL, n) for n in RECOMPUTE_EVERY if partial or n == 1]

@@ -65,9 +65,10 @@ def is_stream_end(item: object) -> bool:
 
 
 def replicated(plan: Plan) -> bool:
-    """Every rank holds the whole state (plain data parallel): any survivor has it all."""
+    """Every rank holds the whole state (plain data parallel, the optimizer state not
+    shared out): any survivor has it all."""
     mesh = plan.mesh
-    return mesh.fsdp == 1 and mesh.tp == 1 and mesh.pp == 1
+    return mesh.fsdp == 1 and mesh.tp == 1 and mesh.pp == 1 and not plan.distributed_optimizer
 
 
 class ElasticWorker:

@@ -33,6 +33,7 @@ from unipar.plan import Plan
 from unipar.plan.representation import MeshCoordinates
 from unipar.runtime import stages as stage_cuts
 from unipar.runtime.data_parallel import apply_ddp, apply_fully_shard, uses_fully_shard
+from unipar.runtime.distributed_optimizer import check_distributed_optimizer
 from unipar.runtime.recompute import apply_recompute
 from unipar.runtime.tensor_parallel import (
     apply_tensor_parallel,
@@ -264,6 +265,7 @@ def parallelize(
             f"fsdp={mesh.fsdp} x tp={mesh.tp}), but the run has {world_size}; set workers="
             f"{mesh.world_size} or choose a plan for {world_size}"
         )
+    check_distributed_optimizer(plan)
     coordinates = mesh.coordinates(rank)
     torch.manual_seed(seed)
     reference = hf.disable_cache(build())
@@ -289,7 +291,9 @@ def parallelize(
     roles = tensor_parallel_roles(whole, plan) if mesh.tp > 1 else {}
     for part in parts:
         if roles:
-            apply_tensor_parallel(part, roles, device_mesh["tp"])
+            apply_tensor_parallel(
+                part, roles, device_mesh["tp"], sequence_parallel=plan.sequence_parallel
+            )
         apply_recompute(part, plan)
         if uses_fully_shard(plan):
             apply_fully_shard(part, plan, device_mesh)

@@ -35,6 +35,7 @@ from unipar.analysis.profile import layer_sequence
 from unipar.errors import UnsupportedPlanError
 from unipar.models import hf
 from unipar.plan import Plan, TensorParallelStyle
+from unipar.runtime.sequence_parallel import sequence_parallel_styles
 from unipar.runtime.stages import tied_parameters
 
 COLUMN_WISE_NAMES = frozenset(
@@ -143,11 +144,6 @@ def tensor_parallel_roles(model: nn.Module, plan: Plan) -> dict[str, ShardRole]:
     or the error that says why a layer cannot be split. Needs no device mesh."""
     tp = plan.mesh.tp
     layers = layer_sequence(model)
-    if plan.sequence_parallel:
-        raise UnsupportedPlanError(
-            "this runtime does not apply sequence parallelism yet; use the plan with "
-            "sequence_parallel=false (the planner does not choose it)"
-        )
     if len(plan.layer_tp) != len(layers):
         raise UnsupportedPlanError(
             f"a plan with tp={tp} needs a tensor-parallel style for each of the model's "
@@ -166,7 +162,13 @@ def tensor_parallel_roles(model: nn.Module, plan: Plan) -> dict[str, ShardRole]:
     return roles
 
 
-def apply_tensor_parallel(model: nn.Module, roles: dict[str, ShardRole], tp_mesh: Any) -> nn.Module:
+def apply_tensor_parallel(
+    model: nn.Module,
+    roles: dict[str, ShardRole],
+    tp_mesh: Any,
+    *,
+    sequence_parallel: bool = False,
+) -> nn.Module:
     """Split ``model`` (the whole model or one pipeline stage, on any device) over
     ``tp_mesh`` by the ``roles`` of :func:`tensor_parallel_roles`; layers the model does
     not hold (other stages') are skipped. Parameters tied before are tied after."""
@@ -193,6 +195,8 @@ def apply_tensor_parallel(model: nn.Module, roles: dict[str, ShardRole], tp_mesh
             hf.shard_attention_heads(model.get_submodule(parent_name), tp_mesh.size())
         elif role is ShardRole.VOCAB:
             styles[name] = _vocab_style(name, module, tp_mesh.size())
+    if sequence_parallel:
+        styles = sequence_parallel_styles(model, styles)
     parallelize_module(model, tp_mesh, styles)
     _tie_again(model, ties)
     return model

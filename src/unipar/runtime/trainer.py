@@ -22,6 +22,7 @@ from unipar.job import Job
 from unipar.plan import Plan
 from unipar.runtime.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from unipar.runtime.clipping import clip_grad_norm
+from unipar.runtime.distributed_optimizer import build_optimizer
 from unipar.runtime.parallelize import parallelize
 from unipar.runtime.tracing import (
     Attachment,
@@ -107,7 +108,7 @@ class Trainer:
             seed=job.seed,
         )
         self.optimizers = [
-            _call_user("optimizer", lambda part=part: job.build_optimizer(part.parameters()))
+            _call_user("optimizer", lambda part=part: self._optimizer(part))
             for part in self.model.parts
         ]
         self.base_lrs = [[g["lr"] for g in opt.param_groups] for opt in self.optimizers]
@@ -123,6 +124,11 @@ class Trainer:
             load_checkpoint(resume_from, parts=self.model.parts, optimizers=self.optimizers)
             self.start_step = info.step
         return self.start_step
+
+    def _optimizer(self, part: nn.Module) -> torch.optim.Optimizer:
+        return build_optimizer(
+            self.job.build_optimizer, part, self.plan, rank=self.rank, world_size=self.world_size
+        )
 
     def _load_dataset(self) -> None:
         if self.dataset is None:
