@@ -151,19 +151,13 @@ def main() -> None:
 
 def _start_cluster() -> str:
     """A local Ray cluster that outlives the runs (this process holds it; it ends with
-    it), its workers preloading torch; returns its address for ``--address``."""
-    import os
-
+    it), started as unipar starts its own (workers preloading ``TRAINING_PRELOAD``);
+    returns its address for ``--address``."""
     import ray
 
-    from unipar.ray_session import TRAINING_PRELOAD
+    from unipar.ray_session import start_ray
 
-    ray.init(
-        address="local",
-        num_cpus=os.cpu_count(),
-        include_dashboard=False,
-        _system_config={"preload_python_modules": list(TRAINING_PRELOAD)},
-    )
+    start_ray(None)
     time.sleep(5)  # its idle workers up, as on a cluster started earlier
     return ray.get_runtime_context().gcs_address
 

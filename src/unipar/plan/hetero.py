@@ -388,6 +388,19 @@ def plan_hetero(
     return best
 
 
+def _assignment(r: _Replica, **placement: Any) -> GroupAssignment:
+    """``r``'s device group as a plan assigns it; ``placement``: its batch shares (data
+    parallel) or its stage and layers (pipeline)."""
+    return GroupAssignment(
+        group=r.group.name,
+        device=r.group.device.name,
+        devices=r.group.count,
+        tp=r.tp,
+        replicas=r.replicas,
+        **placement,
+    )
+
+
 def _dp_plan(
     found: tuple[float, list[tuple[_Replica, tuple[int, ...]]]], gbs: int, mb: int
 ) -> HeteroPlan:
@@ -398,12 +411,8 @@ def _dp_plan(
         microbatch_size=mb,
         predicted_step_s=step,
         assignments=tuple(
-            GroupAssignment(
-                group=r.group.name,
-                device=r.group.device.name,
-                devices=r.group.count,
-                tp=r.tp,
-                replicas=r.replicas,
+            _assignment(
+                r,
                 microbatches=counts,
                 memory_gib=round(r.fixed_gib + r.activation_gib * mb, 3),
                 step_compute_s=r.sample_s * mb * max(counts),
@@ -429,16 +438,7 @@ def _pipeline_plan(
         num_microbatches=gbs // mb,
         predicted_step_s=step,
         assignments=tuple(
-            GroupAssignment(
-                group=r.group.name,
-                device=r.group.device.name,
-                devices=r.group.count,
-                tp=r.tp,
-                replicas=r.replicas,
-                stage=k,
-                first_layer=a,
-                end_layer=e,
-            )
+            _assignment(r, stage=k, first_layer=a, end_layer=e)
             for k, (r, a, e) in enumerate(zip(order, starts, ends, strict=True))
         ),
     )
