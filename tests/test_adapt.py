@@ -59,8 +59,10 @@ def test_gain_rules_and_progress():
 
 
 def _observations(model, replicas=2):
-    return [Observation(1, replicas, m, float(model.iter_time(1, replicas, m)), 0.0)
-            for m in (4, 8, 16, 32, 64)]
+    return [
+        Observation(1, replicas, m, float(model.iter_time(1, replicas, m)), 0.0)
+        for m in (4, 8, 16, 32, 64)
+    ]
 
 
 def test_chooser_picks_big_batches_when_noise_is_high_and_small_when_low():
@@ -77,8 +79,14 @@ def test_chooser_picks_big_batches_when_noise_is_high_and_small_when_low():
 
 def test_chooser_keeps_the_batch_pinned_by_the_bound():
     truth = ThroughputModel(alpha_c=0.05, beta_c=0.001)
-    pick = choose(_observations(truth, 1), NoiseEstimate(1.0, 1.0, 1e6, 1.0), init_batch=8,
-                  max_batch=8, replicas=1, max_local=64)
+    pick = choose(
+        _observations(truth, 1),
+        NoiseEstimate(1.0, 1.0, 1e6, 1.0),
+        init_batch=8,
+        max_batch=8,
+        replicas=1,
+        max_local=64,
+    )
     assert pick.global_batch == 8 and pick.efficiency == pytest.approx(1.0)
 
 
@@ -89,5 +97,6 @@ def test_squared_norm_with_preconditioner_and_mean_loss_check():
     out, tgt = torch.randn(4, 3), torch.randint(0, 3, (4,))
     check_mean_loss(torch.nn.functional.cross_entropy, out, tgt)
     with pytest.raises(ConfigError, match="loss that is a mean over samples"):
-        check_mean_loss(lambda o, t: torch.nn.functional.cross_entropy(o, t, reduction="sum"),
-                        out, tgt)
+        check_mean_loss(
+            lambda o, t: torch.nn.functional.cross_entropy(o, t, reduction="sum"), out, tgt
+        )

@@ -225,12 +225,19 @@ JOB_FIELDS = [
     ({"grad_clip_norm": 0.0}, "Job.grad_clip_norm must be > 0"),
     ({"grad_clip_norm": math.nan}, "Job.grad_clip_norm must be a finite number"),
     ({"adaptive": 64}, "Job.adaptive must be an AdaptiveBatch"),
-    ({"adaptive": AdaptiveBatch(4)}, r"max_global_batch must be at least .* M0\), but got "
-     "max_global_batch=4 < global_batch_size=8"),
-    ({"adaptive": AdaptiveBatch(64, "adascale")}, "lr_rule='adascale' has no meaning for "
-     "optimizer 'adamw'"),
-    ({"adaptive": AdaptiveBatch(64), "optimizer": torch.optim.Adam}, "Job.optimizer is a "
-     "factory with no rule"),
+    (
+        {"adaptive": AdaptiveBatch(4)},
+        r"max_global_batch must be at least .* M0\), but got "
+        "max_global_batch=4 < global_batch_size=8",
+    ),
+    (
+        {"adaptive": AdaptiveBatch(64, "adascale")},
+        "lr_rule='adascale' has no meaning for optimizer 'adamw'",
+    ),
+    (
+        {"adaptive": AdaptiveBatch(64), "optimizer": torch.optim.Adam},
+        "Job.optimizer is a factory with no rule",
+    ),
 ]
 
 

@@ -4,23 +4,11 @@ one is left at a step boundary without losing a step."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from own_cluster import run_scenario
 
 
 def test_node_removed_added_and_drained(tmp_path):
-    script = Path(__file__).with_name("elastic_cluster_run.py")
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-5000:]
-    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    outcome, _ = run_scenario("elastic_cluster_run.py", tmp_path, timeout_s=600)
     resizes = outcome["resizes"]
     assert [(old, new) for old, new, _, _ in resizes] == [(3, 2), (2, 3), (3, 2)], outcome
     assert "worker lost" in resizes[0][3]

@@ -17,7 +17,6 @@ final item saying how the gang's run ended for this rank:
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from collections.abc import Iterator
@@ -29,6 +28,8 @@ import torch
 
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.runtime.gang import describe_process
+from unipar.runtime.heap import settle_heap
 from unipar.runtime.rendezvous import Rendezvous, StopSignal, join, leave
 from unipar.runtime.snapshot import (
     SnapshotCadence,
@@ -87,7 +88,7 @@ class ElasticWorker:
 
     def describe(self) -> tuple[int, str, str]:
         """(process id, node IP, Ray node id) of this worker."""
-        return os.getpid(), ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
+        return describe_process()
 
     def form(
         self,
@@ -123,6 +124,7 @@ class ElasticWorker:
         trainer = self.trainer
         if keep and previous is not None and self.committed == start_step:
             self.committed = trainer.adopt(previous, start_step)
+            settle_heap()
             return start_step
         trainer.start_step = trainer.setup(None if snapshot else resume_from)
         if snapshot:
@@ -135,6 +137,7 @@ class ElasticWorker:
             )
             trainer.start_step = start_step
         self.committed = trainer.start_step
+        settle_heap()
         return trainer.start_step
 
     def export_state(self) -> SnapshotPart:

@@ -4,8 +4,8 @@ Nothing here knows what the workers compute (no torch): it starts actors, follow
 the streams of results they send, tells which actor's process is gone, how many more
 actors the cluster has room for now, and which actors sit on a node that Ray is
 draining (spot preemption, autoscaler scale-down, ``ray drain-node``). The torch
-runtime's elastic controller drives it; any other gang (XGBoost's) can: an actor
-class only needs a ``describe()`` method returning ``(pid, node_ip, node_id)``.
+runtime's elastic controller and the XGBoost driver both drive it: an actor class only
+needs a ``describe()`` method returning :func:`describe_process`.
 
 Cluster state comes from Ray's GCS: free resources per node
 (``ray._private.state.available_resources_per_node``) and draining nodes
@@ -15,6 +15,7 @@ autoscaler v2 and ``ray drain-node`` make).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,11 @@ PROCESS_LOST = (
     OutOfMemoryError,
     WorkerCrashedError,
 )
+
+
+def describe_process() -> tuple[int, str, str]:
+    """(process id, node IP, Ray node id) of the calling actor: its ``describe()``."""
+    return os.getpid(), ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
 
 
 @dataclass

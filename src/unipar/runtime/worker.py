@@ -8,18 +8,18 @@ controller. The actor is not threaded: training runs on the worker's main thread
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
-import ray
 import torch
 import torch.distributed as dist
 
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.runtime.gang import describe_process
+from unipar.runtime.heap import settle_heap
 from unipar.runtime.tracing import TraceBatch
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, Trainer, TrainOutcome
 
@@ -46,8 +46,7 @@ class TrainWorker:
 
     def describe(self) -> tuple[int, str, str]:
         """(process id, node IP, Ray node id) of this worker."""
-        node_id = ray.get_runtime_context().get_node_id()
-        return os.getpid(), ray.util.get_node_ip_address(), node_id
+        return describe_process()
 
     def reserve_port(self) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -65,7 +64,9 @@ class TrainWorker:
                 world_size=self.world_size,
                 timeout=timedelta(seconds=timeout_s),
             )
-        return self.trainer.setup(resume_from)
+        start = self.trainer.setup(resume_from)
+        settle_heap()
+        return start
 
     def train(
         self, trace_steps: int | None = None

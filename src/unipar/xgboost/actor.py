@@ -38,8 +38,11 @@ class XGBoostActor:
         for callback in self.callbacks:
             callback.on_init(self)
 
-    def pid(self) -> int:
-        return os.getpid()
+    def describe(self) -> tuple[int, str, str]:
+        """(process id, node IP, Ray node id): what the gang supervisor follows."""
+        from unipar.runtime.gang import describe_process
+
+        return describe_process()
 
     def load(self, name: str, matrix: RayDMatrix, shard: Shard) -> int:
         """Read this actor's shard of ``matrix`` once; return its rows."""

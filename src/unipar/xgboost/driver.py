@@ -5,6 +5,10 @@ Training uses xgboost's own collective: a ``RabitTracker`` on the driver, and a
 fail at once; the driver then either replaces the dead actor (``max_actor_restarts``),
 or goes on without it (``elastic_training``), and resumes every live actor from the
 newest in-memory checkpoint, so the booster ends with exactly ``num_boost_round`` trees.
+An actor on a node that Ray drains (preemption notice, autoscaler scale-down) leaves
+after the current round, with no round lost, and is replaced the same way. The actors'
+processes, nodes and draining are followed by the gang supervisor that the torch
+runtime uses too (:mod:`unipar.runtime.gang`).
 """
 
 from __future__ import annotations
@@ -18,13 +22,21 @@ from typing import Any
 import numpy as np
 import ray
 import xgboost as xgb
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayTaskError
 from ray.util.placement_group import get_current_placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from xgboost.tracker import RabitTracker
 
 from unipar.errors import ConfigError
 from unipar.ray_session import require_resources, reserve_bundles
+from unipar.runtime.gang import (
+    PROCESS_LOST,
+    Member,
+    Stream,
+    Supervisor,
+    describe_all,
+    on_draining_nodes,
+)
 from unipar.xgboost.actor import XGBoostActor
 from unipar.xgboost.connect import attach_or_start_ray
 from unipar.xgboost.exceptions import (
@@ -37,6 +49,9 @@ from unipar.xgboost.params import RayParams
 from unipar.xgboost.resources import ActorResources, plan_actors, plan_in_bundles
 
 log = logging.getLogger("unipar.xgboost")
+
+_START_TIMEOUT_S = 300.0  # an actor's constructor (placement already reserved)
+_DRAIN_CHECK_S = 1.0  # how often the driver asks Ray which nodes are draining
 
 __all__ = [  # XGBoost-Ray's ``main`` module names
     "RayParams",
@@ -58,9 +73,45 @@ class _Gang:
     placement: Any
     owned: bool
     first_bundle: int = 0
-    actors: dict[int, Any] = field(default_factory=dict)
+    members: dict[int, Member] = field(default_factory=dict)
     pending: dict[int, Any] = field(default_factory=dict)  # replacements still loading
     loading: dict[int, list[Any]] = field(default_factory=dict)  # their load refs
+    leaving: set[int] = field(default_factory=set)  # on draining nodes: go after this round
+
+    @property
+    def actors(self) -> dict[int, Any]:
+        return {shard: member.actor for shard, member in self.members.items()}
+
+    def start(self, shards: list[int]) -> None:
+        """Start an actor for each of ``shards`` and wait for its constructor."""
+        actors = [self.spawn(shard) for shard in shards]
+        for shard, member in zip(shards, describe_all(actors, _START_TIMEOUT_S), strict=True):
+            if member is None:
+                raise RayXGBoostTrainingError(
+                    f"the actor for data shard {shard} did not start within "
+                    f"{_START_TIMEOUT_S:.0f} s; see its log (ray logs) for the error",
+                    actor_rank=shard,
+                )
+            self.members[shard] = member
+
+    def admit(self, shard: int) -> bool:
+        """A replacement whose data is loaded becomes a member, unless its node is
+        draining (it waits: its node goes away, or the drain is cancelled). One that died
+        while loading is dropped (training goes on without it). Whether it joined."""
+        actor = self.pending[shard]
+        try:
+            ray.get(self.loading[shard])
+            member = Member(actor, *ray.get(actor.describe.remote()))
+        except (*PROCESS_LOST, RayTaskError) as error:
+            log.warning("replacement for shard %d lost while loading: %s", shard, error)
+            ray.kill(actor, no_restart=True)
+            del self.pending[shard], self.loading[shard]
+            return False
+        if on_draining_nodes([member]):
+            return False
+        del self.pending[shard], self.loading[shard]
+        self.members[shard] = member
+        return True
 
     def spawn(self, shard: int) -> Any:
         options: dict[str, Any] = {
@@ -81,7 +132,8 @@ class _Gang:
         )
 
     def stop(self) -> None:
-        for actor in [*self.actors.values(), *self.pending.values()]:
+        Supervisor.kill(list(self.members.values()))
+        for actor in self.pending.values():
             ray.kill(actor, no_restart=True)
         if self.owned:
             remove_placement_group(self.placement)
@@ -147,7 +199,7 @@ def _start_gang(ray_params: RayParams, planned: ActorResources, current: Any) ->
             bundle, ray_params.num_actors, "actor", strategy=planned.strategy
         )
         gang = _Gang(ray_params, placement, owned=True)
-    gang.actors = {i: gang.spawn(i) for i in range(ray_params.num_actors)}
+    gang.start(list(range(ray_params.num_actors)))
     return gang
 
 
@@ -365,6 +417,10 @@ def _train(
                 for i, actor in live.items()
             }
             results, dead = _wait(refs, gang, queue, relay)
+            leaving = sorted(gang.leaving - set(dead))
+            gang.leaving.clear()
+            if leaving:  # they stopped after a round; their node goes away
+                Supervisor.kill([gang.members.pop(index) for index in leaving])
             try:
                 tracker.free()
             except xgb.core.XGBoostError:
@@ -376,9 +432,14 @@ def _train(
                 final = next(r for r in results.values() if r["model"] is not None)
                 if relay is not None and final["rounds"] == target:
                     relay.finish(final["rounds"], final["evals_result"], final["model"])
-                if final["rounds"] < target:  # stopped early to take replacements back
+                if final["rounds"] < target:  # stopped early: replacements join, drained leave
                     start = (final["rounds"], final["model"])
                     _merge(history, final["evals_result"], done_rounds - base_rounds)
+                    if leaving:
+                        log.warning(
+                            "actors %s leave draining nodes after round %d", leaving, start[0]
+                        )
+                        _replace(gang, leaving, rp, load_refs)
                     continue
                 _merge(history, final["evals_result"], done_rounds - base_rounds)
                 return {
@@ -393,7 +454,7 @@ def _train(
                 }
             failures += len(dead)
             for index in dead:
-                gang.actors.pop(index, None)
+                gang.members.pop(index, None)
             start = _newest_checkpoint(gang, start)
             if rp.elastic_training:
                 lost += len(dead)
@@ -402,10 +463,8 @@ def _train(
                         f"{lost} actors lost, more than max_failed_actors="
                         f"{rp.max_failed_actors}; raise it or use max_actor_restarts"
                     )
-                for index in dead:  # replacements load in the background
-                    gang.pending[index] = gang.spawn(index)
-                    gang.loading[index] = load_refs(index, gang.pending[index])
-                log.warning("lost actors %s; continuing on %d", dead, len(gang.actors))
+                _replace(gang, dead + leaving, rp, load_refs)
+                log.warning("lost actors %s; continuing on %d", dead, len(gang.members))
             else:
                 restarts += 1
                 if 0 <= rp.max_actor_restarts < restarts:
@@ -414,14 +473,26 @@ def _train(
                         f"max_actor_restarts={rp.max_actor_restarts}; raise it (-1: no limit) "
                         "or use elastic_training"
                     )
-                for index in dead:
-                    gang.actors[index] = gang.spawn(index)
-                    ray.get(load_refs(index, gang.actors[index]))
+                _replace(gang, dead + leaving, rp, load_refs)
                 log.warning(
                     "replaced actors %s; resuming from round %d", dead, start[0] if start else 0
                 )
     finally:
         gang.stop()
+
+
+def _replace(
+    gang: _Gang, shards: list[int], rp: RayParams, load_refs: Callable[[int, Any], list[Any]]
+) -> None:
+    """New actors for ``shards``: under elastic training they load in the background and
+    join at a round boundary; otherwise training waits for them and their data."""
+    if rp.elastic_training:
+        for index in shards:
+            gang.pending[index] = gang.spawn(index)
+            gang.loading[index] = load_refs(index, gang.pending[index])
+        return
+    gang.start(shards)
+    ray.get([ref for index in shards for ref in load_refs(index, gang.members[index].actor)])
 
 
 @dataclass
@@ -465,32 +536,52 @@ def _drain(actors: dict[int, Any], queue: _Queue, relay: _TuneRelay | None) -> N
 def _wait(
     refs: dict[int, Any], gang: _Gang, queue: _Queue, relay: _TuneRelay | None = None
 ) -> tuple[dict[int, Any], list[int]]:
-    """Results by shard, and the shards whose actor died. While training runs, takes
-    back replacements whose data finished loading (elastic training), and every 0.5 s
+    """Results by shard, and the shards whose actor's process is gone. While training
+    runs, takes back replacements whose data finished loading (elastic training), asks
+    everyone to stop after the round when an actor's node is draining, and every 0.5 s
     drains the actors' queues. Returns early when an actor raised (not a collective
     error): its peers may wait for it in the collective."""
+    streams = {i: Stream(gang.members[i], ref) for i, ref in refs.items()}
     results: dict[int, Any] = {}
     dead: list[int] = []
-    index_of = {ref: i for i, ref in refs.items()}
-    pending = list(refs.values())
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
-        for ref in ready:
+    next_drain_check = time.monotonic()
+    while running := [s for s in streams.values() if not s.done]:
+        ray.wait([s.handle for s in running], num_returns=1, timeout=0.5)
+        for i, stream in streams.items():
+            if stream.done:
+                continue
             try:
-                results[index_of[ref]] = ray.get(ref)
-            except (RayActorError, RayTaskError) as error:
-                if isinstance(error, RayTaskError) and not isinstance(error.cause, RayActorError):
-                    raise RayXGBoostTrainingError(
-                        f"training failed on actor {index_of[ref]}: {error}",
-                        actor_rank=index_of[ref],
-                    ) from error
-                dead.append(index_of[ref])
+                stream.take_ready(is_last=lambda _: True)
+            except PROCESS_LOST:
+                stream.done = True
+                dead.append(i)
+                continue
+            except RayTaskError as error:
+                raise RayXGBoostTrainingError(
+                    f"training failed on actor {i}: {error}", actor_rank=i
+                ) from error
+            if stream.done:
+                results[i] = stream.result
         if any("error" in r and not r["collective"] for r in results.values()):
             break
         _admit_loaded(gang)
-        live = {i: gang.actors[i] for i in refs if i not in dead and i in gang.actors}
+        if time.monotonic() >= next_drain_check and not dead:
+            next_drain_check = time.monotonic() + _DRAIN_CHECK_S
+            _leave_draining(gang, [streams[i].member for i in streams if i not in results])
+        live = {i: gang.members[i].actor for i in refs if i not in dead and i in gang.members}
         _drain(live, queue, relay)
     return results, dead
+
+
+def _leave_draining(gang: _Gang, training: list[Member]) -> None:
+    """Members on nodes Ray is draining leave after the current round: every actor is
+    asked to stop there (the model of that round is the next attempt's start)."""
+    draining = {id(member) for member in on_draining_nodes(training)}
+    shards = {i for i, member in gang.members.items() if id(member) in draining} - gang.leaving
+    if shards:
+        gang.leaving |= shards
+        for member in gang.members.values():
+            member.actor.request_stop.remote()
 
 
 def _admit_loaded(gang: _Gang) -> None:
@@ -499,9 +590,7 @@ def _admit_loaded(gang: _Gang) -> None:
     for index in list(gang.pending):
         loading = gang.loading[index]
         done, _ = ray.wait(loading, num_returns=len(loading), timeout=0)
-        if len(done) == len(loading):
-            gang.actors[index] = gang.pending.pop(index)
-            del gang.loading[index]
+        if len(done) == len(loading) and gang.admit(index):
             for live in gang.actors.values():
                 live.request_stop.remote()
 
