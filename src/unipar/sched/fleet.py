@@ -21,6 +21,7 @@ class Fleet:
         self.cluster = cluster
         self.cost = 0.0  # price units (per node-hour) x hours
         self.node_seconds = 0.0
+        self.history: list[tuple[float, int]] = []  # (round start, nodes held)
         self._nodes: tuple[int, ...] = tuple(range(cluster.num_nodes))
 
     @property
@@ -35,6 +36,7 @@ class Fleet:
         for n in self._nodes:
             self.cost += self.cluster.nodes[n].price_per_hour * interval / 3600.0
         self.node_seconds += len(self._nodes) * interval
+        self.history.append((now, len(self._nodes)))
 
 
 class FixedFleet(Fleet):
@@ -95,15 +97,19 @@ class SpotFleet(Fleet):
                 self.preempted += 1
 
 
-def make_fleet(cluster: Cluster, autoscale: str | None, spot_rate: float, seed: int) -> Fleet:
-    """The fleet the CLI flags ask for: ``--autoscale MIN:MAX``, ``--spot RATE``."""
+def make_fleet(
+    cluster: Cluster, autoscale: str | None, spot_rate: float, seed: int,
+    scale: ScaleConfig | None = None,
+) -> Fleet:
+    """The fleet the CLI flags ask for: ``--autoscale MIN:MAX [--scale-rule R]``,
+    ``--spot RATE``."""
     if autoscale:
         lo, _, hi = autoscale.partition(":")
         if not (lo.isdigit() and hi.isdigit()):
             raise ConfigError(f"--autoscale wants MIN:MAX node counts, but got {autoscale!r}")
         nodes = (cluster.nodes[0],) * int(hi)
         cluster = Cluster(nodes)
-        return AutoscaleFleet(cluster, int(lo))
+        return AutoscaleFleet(cluster, int(lo), scale)
     if spot_rate > 0:
         kind = NodeType(SPOT.name, cluster.gpus_per_node, SPOT.price_per_hour, True)
         return SpotFleet(Cluster((kind,) * cluster.num_nodes), spot_rate, seed)
