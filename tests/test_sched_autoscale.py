@@ -13,7 +13,7 @@ from unipar.sched.bound import CostFloor
 from unipar.sched.cluster import Cluster
 from unipar.sched.fleet import AutoscaleFleet
 from unipar.sched.policies import PolicyName, make_policy
-from unipar.sched.policy import JobView
+from unipar.sched.policy import Allocation, JobView
 from unipar.sched.simulator import simulate
 from unipar.sched.throughput import ThroughputModel
 from unipar.sched.traces import load_applications
@@ -81,7 +81,7 @@ def test_bad_scale_config_is_refused():
 
 
 def test_the_fleet_decides_only_every_so_often():
-    fleet = AutoscaleFleet(Cluster.uniform(16, 4), 1, ScaleConfig(every=300.0))
+    fleet = AutoscaleFleet(Cluster.uniform(16, 4), 1, ScaleConfig(every=300.0))  # five rounds
     scalable = [_job(f"s{i}", True) for i in range(2)]
     assert len(fleet.available_nodes(0.0, scalable)) == 8
     flat = [_job("f", False)]
@@ -114,3 +114,13 @@ def test_no_simulated_schedule_beats_the_cost_floor(apps):
     # and the floor is not vacuous: a good part of what the fixed cluster's run used
     assert floor.gpu_seconds(float(runs[0].jcts.sum())) > 0.3 * runs[0].gpu_seconds
     assert np.isfinite(floor.relaxed(0.1)).all()
+
+
+def test_shrinking_releases_the_nodes_jobs_use_least():
+    fleet = AutoscaleFleet(Cluster.uniform(16, 4), 1, ScaleConfig())
+    assert fleet.available_nodes(0.0, [_job(f"s{i}", True) for i in range(2)]) == tuple(range(8))
+    # one flat job left, running on node 5: the fleet keeps node 5, not node 0
+    flat = JobView(**{**_job("f", False).__dict__, "allocation": Allocation(((5, 1),), 8)})
+    assert fleet.available_nodes(60.0, [flat]) == (5,)
+    # growing again adds the lowest-numbered free nodes
+    assert fleet.available_nodes(120.0, [_job("s", True)]) == (0, 1, 2, 5)

@@ -44,7 +44,7 @@ class ScaleConfig:
     low: float = 0.35  # UTILITY: keep the size while utility is in [low, high]
     high: float = 0.65
     efficiency: float = 0.5  # DEMAND: least goodput per GPU over goodput on one GPU
-    every: float = 300.0  # seconds between decisions
+    every: float = 60.0  # seconds between decisions (one scheduling round)
 
     def __post_init__(self) -> None:
         if self.price < 0 or not 0 < self.low <= self.high or not 0 < self.efficiency <= 1:

@@ -47,7 +47,8 @@ class AutoscaleFleet(Fleet):
     """Grows and shrinks between ``min_nodes`` and the cluster's nodes (Pollux's cloud mode,
     §4.3): every ``config.every`` seconds it moves to the size ``autoscale.desired_nodes``
     gives for the jobs in the system; nodes are billed per node-hour while held (no
-    provisioning delay is modelled). Nodes leave from the end; their jobs are rescheduled."""
+    provisioning delay is modelled). It releases the nodes its jobs use least (their jobs
+    are rescheduled on the rest) and adds the lowest-numbered free ones."""
 
     def __init__(
         self, cluster: Cluster, min_nodes: int, config: ScaleConfig | None = None
@@ -68,7 +69,17 @@ class AutoscaleFleet(Fleet):
         self._next = now + self.config.every
         want = desired_nodes(jobs, len(self._nodes), self.min_nodes, self.cluster.num_nodes,
                              self.cluster.gpus_per_node, self.config)
-        self._nodes = tuple(range(want))
+        held = list(self._nodes)
+        if want < len(held):
+            used = dict.fromkeys(held, 0)
+            for j in jobs:
+                for n, g in j.allocation.nodes if j.allocation else ():
+                    used[n] = used.get(n, 0) + g
+            held = sorted(held, key=lambda n: (-used[n], n))[:want]
+        else:
+            free = [n for n in range(self.cluster.num_nodes) if n not in self._nodes]
+            held += free[: want - len(held)]
+        self._nodes = tuple(sorted(held))
         return self._nodes
 
 
