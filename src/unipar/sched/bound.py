@@ -2,7 +2,9 @@
 
 Relaxation of the simulator's setting (ground truth: the measured traces): every job runs
 from its submission with no queue, no restart and no other job in its way, on any number
-of GPUs, chosen per epoch, at the best per-GPU batch, accumulation and measured placement;
+of GPUs, chosen per epoch, at the best per-GPU batch, accumulation and measured placement
+(total batch within the measured range M0..M_max, as the policies keep it; a finer grid,
+LOCAL_STEPS x ACCUM_STEPS, than the policies' own search);
 nodes are billed per GPU used (no part-empty node). Any real schedule is no better on
 either count, so for every λ ≥ 0 it has Σ JCT + λ·GPU-seconds ≥ min over the relaxation,
 which splits per job and per epoch: pick k minimising (1 + λ·k)·Δprogress / goodput(k).
