@@ -30,6 +30,8 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument("--autoscale", default=None, metavar="MIN:MAX",
                         help="grow and shrink between MIN and MAX nodes by utility")
+    parser.add_argument("--scale-rule", default="price", choices=["price", "utility", "demand"],
+                        help="how --autoscale picks the node count (see sched/autoscale.py)")
     parser.add_argument("--spot", type=float, default=0.0, metavar="RATE",
                         help="nodes are spot, each preempted RATE times per hour (seeded)")
     parser.add_argument("--seed", type=int, default=0)
@@ -61,7 +63,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     reference = args.reference or default_reference_dir()
     apps = load_applications(reference)
     cluster = Cluster.uniform(args.nodes, args.gpus_per_node)
-    fleet = make_fleet(cluster, args.autoscale, args.spot, args.seed)
+    from unipar.sched.autoscale import ScaleConfig, ScaleRule
+
+    scale = ScaleConfig(ScaleRule(args.scale_rule))
+    fleet = make_fleet(cluster, args.autoscale, args.spot, args.seed, scale)
     policy = make_policy(PolicyName(args.policy))
     # a fixed-size job that asks for more GPUs than the cluster has can never run; an
     # adaptive policy runs it on what there is

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from unipar.errors import ConfigError
+from unipar.sched.autoscale import ScaleConfig, desired_nodes
 from unipar.sched.cluster import SPOT, Cluster, NodeType
-from unipar.sched.goodput import goodput_table, job_arrays
 from unipar.sched.policy import JobView
 
 
@@ -21,6 +21,7 @@ class Fleet:
         self.cluster = cluster
         self.cost = 0.0  # price units (per node-hour) x hours
         self.node_seconds = 0.0
+        self.history: list[tuple[float, int]] = []  # (round start, nodes held)
         self._nodes: tuple[int, ...] = tuple(range(cluster.num_nodes))
 
     @property
@@ -35,6 +36,7 @@ class Fleet:
         for n in self._nodes:
             self.cost += self.cluster.nodes[n].price_per_hour * interval / 3600.0
         self.node_seconds += len(self._nodes) * interval
+        self.history.append((now, len(self._nodes)))
 
 
 class FixedFleet(Fleet):
@@ -42,14 +44,14 @@ class FixedFleet(Fleet):
 
 
 class AutoscaleFleet(Fleet):
-    """Grows and shrinks between ``min_nodes`` and the cluster's nodes by utility, after
-    Pollux's cloud mode (§4.3): every ``every`` seconds each job's useful GPUs are the most
-    at which its goodput per GPU is still ``efficiency`` of its goodput on one GPU (from
-    what it reported, the model pooled over its application, at most twice what it or its
-    peers ran on); the fleet holds the nodes their sum needs. Nodes leave from the end."""
+    """Grows and shrinks between ``min_nodes`` and the cluster's nodes (Pollux's cloud mode,
+    §4.3): every ``config.every`` seconds it moves to the size ``autoscale.desired_nodes``
+    gives for the jobs in the system; nodes are billed per node-hour while held (no
+    provisioning delay is modelled). It releases the nodes its jobs use least (their jobs
+    are rescheduled on the rest) and adds the lowest-numbered free ones."""
 
     def __init__(
-        self, cluster: Cluster, min_nodes: int, efficiency: float = 0.5, every: float = 300.0
+        self, cluster: Cluster, min_nodes: int, config: ScaleConfig | None = None
     ) -> None:
         super().__init__(cluster)
         if not 1 <= min_nodes <= cluster.num_nodes:
@@ -57,26 +59,27 @@ class AutoscaleFleet(Fleet):
                 f"autoscaling needs 1 <= MIN <= MAX nodes, but got {min_nodes}:"
                 f"{cluster.num_nodes}"
             )
-        self.min_nodes, self.efficiency, self.every = min_nodes, efficiency, every
+        self.min_nodes, self.config = min_nodes, config or ScaleConfig()
         self._nodes = tuple(range(min_nodes))
         self._next = -math.inf
 
     def available_nodes(self, now: float, jobs: Sequence[JobView]) -> tuple[int, ...]:
         if now < self._next or not jobs:
             return self._nodes
-        self._next = now + self.every
-        gpn = self.cluster.gpus_per_node
-        cap = np.array([max(1, 2 * max(j.max_replicas_seen, j.peer_max_replicas))
-                        for j in jobs])
-        kmax = int(min(cap.max(), self.cluster.total_gpus))
-        table = goodput_table(job_arrays(jobs, [j.peer_model or j.model for j in jobs]),
-                              kmax, gpn)
-        k = np.arange(1, kmax + 1)
-        per_gpu = table.goodput / (k[None, :] * np.maximum(table.goodput[:, :1], 1e-300))
-        useful = (per_gpu >= self.efficiency) & (k[None, :] <= cap[:, None])
-        demand = int(np.where(useful, k[None, :], 1).max(axis=1).sum())
-        want = min(max(math.ceil(demand / gpn), self.min_nodes), self.cluster.num_nodes)
-        self._nodes = tuple(range(want))
+        self._next = now + self.config.every
+        want = desired_nodes(jobs, len(self._nodes), self.min_nodes, self.cluster.num_nodes,
+                             self.cluster.gpus_per_node, self.config)
+        held = list(self._nodes)
+        if want < len(held):
+            used = dict.fromkeys(held, 0)
+            for j in jobs:
+                for n, g in j.allocation.nodes if j.allocation else ():
+                    used[n] = used.get(n, 0) + g
+            held = sorted(held, key=lambda n: (-used[n], n))[:want]
+        else:
+            free = [n for n in range(self.cluster.num_nodes) if n not in self._nodes]
+            held += free[: want - len(held)]
+        self._nodes = tuple(sorted(held))
         return self._nodes
 
 
@@ -105,15 +108,19 @@ class SpotFleet(Fleet):
                 self.preempted += 1
 
 
-def make_fleet(cluster: Cluster, autoscale: str | None, spot_rate: float, seed: int) -> Fleet:
-    """The fleet the CLI flags ask for: ``--autoscale MIN:MAX``, ``--spot RATE``."""
+def make_fleet(
+    cluster: Cluster, autoscale: str | None, spot_rate: float, seed: int,
+    scale: ScaleConfig | None = None,
+) -> Fleet:
+    """The fleet the CLI flags ask for: ``--autoscale MIN:MAX [--scale-rule R]``,
+    ``--spot RATE``."""
     if autoscale:
         lo, _, hi = autoscale.partition(":")
         if not (lo.isdigit() and hi.isdigit()):
             raise ConfigError(f"--autoscale wants MIN:MAX node counts, but got {autoscale!r}")
         nodes = (cluster.nodes[0],) * int(hi)
         cluster = Cluster(nodes)
-        return AutoscaleFleet(cluster, int(lo))
+        return AutoscaleFleet(cluster, int(lo), scale)
     if spot_rate > 0:
         kind = NodeType(SPOT.name, cluster.gpus_per_node, SPOT.price_per_hour, True)
         return SpotFleet(Cluster((kind,) * cluster.num_nodes), spot_rate, seed)
