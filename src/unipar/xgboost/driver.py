@@ -14,18 +14,17 @@ runtime uses too (:mod:`unipar.runtime.gang`).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
-import xgboost as xgb
 from ray.exceptions import RayTaskError
 from ray.util.placement_group import get_current_placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-from xgboost.tracker import RabitTracker
 
 from unipar.errors import ConfigError
 from unipar.ray_session import require_resources, reserve_bundles
@@ -38,6 +37,7 @@ from unipar.runtime.gang import (
     on_draining_nodes,
 )
 from unipar.xgboost.actor import XGBoostActor
+from unipar.xgboost.background_import import BackgroundImport
 from unipar.xgboost.connect import attach_or_start_ray
 from unipar.xgboost.exceptions import (
     RayXGBoostActorAvailable,
@@ -48,7 +48,12 @@ from unipar.xgboost.matrix import RayDMatrix
 from unipar.xgboost.params import RayParams
 from unipar.xgboost.resources import ActorResources, plan_actors, plan_in_bundles
 
+if TYPE_CHECKING:
+    import xgboost as xgb
+
 log = logging.getLogger("unipar.xgboost")
+# Imported while Ray and the actors start (see background_import); needed from training on.
+_XGBOOST = BackgroundImport("xgboost", "xgboost.tracker")
 
 _START_TIMEOUT_S = 300.0  # an actor's constructor (placement already reserved)
 _DRAIN_CHECK_S = 1.0  # how often the driver asks Ray which nodes are draining
@@ -140,12 +145,11 @@ class _Gang:
 
 
 def in_tune_trial() -> bool:
-    try:
-        from ray.train._internal.session import get_session
-
-        return get_session() is not None
-    except ImportError:
-        return False
+    """Whether this process runs a Ray Tune trial. A trial's process has imported Ray
+    Train's session module; one that has not is no trial, and importing Ray Train only
+    to ask would cost half a second of a cold start."""
+    session = sys.modules.get("ray.train._internal.session")
+    return session is not None and session.get_session() is not None
 
 
 def _resolve(
@@ -253,7 +257,9 @@ def train(
             "training needs labels, but dtrain has none; pass label=... to RayDMatrix (an "
             "array with one value per row, or the name of a label column)"
         )
-    _check_keywords(kwargs)
+    _XGBOOST.start()
+    if kwargs:  # checked before any actor starts
+        _check_keywords(kwargs)
     evals = (
         [evals]
         if isinstance(evals, tuple) and len(evals) == 2 and isinstance(evals[1], str)
@@ -274,7 +280,7 @@ def train(
         params["nthread"] = int(rp.cpus_per_actor)
     if isinstance(xgb_model, (str, bytes, bytearray)):
         source = xgb_model if isinstance(xgb_model, str) else bytearray(xgb_model)
-        xgb_model = xgb.Booster(model_file=source)
+        xgb_model = _XGBOOST.result().Booster(model_file=source)
     outcome = _train(
         params,
         dtrain,
@@ -287,7 +293,7 @@ def train(
         kwargs,
         reporters,
     )
-    booster = xgb.Booster(model_file=bytearray(outcome["model"]))
+    booster = _XGBOOST.result().Booster(model_file=bytearray(outcome["model"]))
     total = time.perf_counter() - started
     _say(rp)(
         "[RayXGBoost] Finished XGBoost training on training data with total N=%d in %.2f "
@@ -316,7 +322,7 @@ def _check_keywords(kwargs: dict[str, Any]) -> None:
     """Keywords ``xgboost.train`` does not take fail here, before any actor starts."""
     import inspect
 
-    known = set(inspect.signature(xgb.train).parameters)
+    known = set(inspect.signature(_XGBOOST.result().train).parameters)
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise TypeError(
@@ -394,11 +400,14 @@ def _train(
         relay = _TuneRelay(reporters, target) if reporters else None
         history: dict[str, Any] = {}
         failures = restarts = lost = 0
+        xgb = _XGBOOST.result()
         training_started = time.perf_counter()
         say("[RayXGBoost] Starting XGBoost training.")
         while True:
             live = dict(gang.actors)
-            tracker = RabitTracker(n_workers=len(live), host_ip=ray.util.get_node_ip_address())
+            tracker = xgb.tracker.RabitTracker(
+                n_workers=len(live), host_ip=ray.util.get_node_ip_address()
+            )
             tracker.start()
             done_rounds = start[0] if start else 0
             refs = {
