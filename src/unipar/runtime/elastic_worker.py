@@ -29,6 +29,7 @@ import torch
 
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.runtime.adaptive import adapt_state_of, with_adapt_state
 from unipar.runtime.rendezvous import Rendezvous, StopSignal, join, leave
 from unipar.runtime.snapshot import (
     SnapshotCadence,
@@ -133,6 +134,7 @@ class ElasticWorker:
                 optimizers=trainer.optimizers,
                 collective=rendezvous.world_size > 1,
             )
+            trainer.adapt_from(adapt_state_of(parts))
             trainer.start_step = start_step
         self.committed = trainer.start_step
         return trainer.start_step
@@ -141,13 +143,14 @@ class ElasticWorker:
         """This rank's whole state at its last committed step, written by it alone (a
         replicated plan's survivor, after its gang broke up)."""
         trainer = self._trainer()
-        return save_to_memory(
+        part = save_to_memory(
             self.committed,
             0,
             parts=trainer.model.parts,
             optimizers=trainer.optimizers,
             collective=False,
         )
+        return with_adapt_state(part, trainer.adapt)
 
     def _trainer(self) -> Trainer:
         if self.trainer is None:
@@ -156,13 +159,14 @@ class ElasticWorker:
 
     def _snapshot(self, step: int) -> SnapshotPart:
         trainer = self._trainer()
-        return save_to_memory(
+        part = save_to_memory(
             step,
             trainer.rank,
             parts=trainer.model.parts,
             optimizers=trainer.optimizers,
             collective=torch.distributed.is_initialized(),
         )
+        return with_adapt_state(part, trainer.adapt)
 
     def train(
         self, snapshot_every: int | None, trace_steps: int | None = None
