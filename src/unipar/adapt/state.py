@@ -50,6 +50,8 @@ class AdaptStats:
     lr_factor: float  # the learning rate's factor on the one written for M0
     progress: float  # scale-invariant steps of batch M0 done
     fit_error: float | None = None  # throughput model's RMS relative error (at choices)
+    grad_sqr: float = 0.0  # smoothed unbiased |G|² (not floored; 0 before a first estimate)
+    grad_var: float = 0.0  # smoothed unbiased tr(Σ) per sample (not floored)
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ class AdaptState:
             lr_factor=self.lr_factor(rule),
             progress=self.progress,
             fit_error=self.fit_error,
+            grad_sqr=self.noise.sqr_avg / self.noise.weight if self.noise.ready else 0.0,
+            grad_var=self.noise.var_avg / self.noise.weight if self.noise.ready else 0.0,
         )
 
     def after_step(
