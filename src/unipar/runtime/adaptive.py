@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +199,8 @@ class AdaptiveStep:
             self._sample = NoiseSample(
                 small_sum / shape.replicas, big, shape.per_replica, shape.replicas
             )
+        if not all(math.isfinite(v) for v in (small_sum, big_sum)):
+            self._sample = None  # a diverged step says nothing of the noise
         self._first = None
 
     # -- the step's end ----------------------------------------------------------------

@@ -182,14 +182,14 @@ class ElasticWorker:
         counts as a step for Adam's bias correction)."""
         trainer, signal = self._trainer(), self.signal
         assert signal is not None
-        steps, every = self.job.steps, self.checkpoints.every
+        every = self.checkpoints.every
         step = trainer.start_step
         trainer.trace(trace_steps)
         cadence = SnapshotCadence(snapshot_every, start=step)
         final: Path | None = None
         try:
             try:
-                while step < steps:
+                while not trainer.done(step):
                     if signal.stop_before(step):
                         if step > 0:
                             yield self._snapshot(step)
@@ -205,17 +205,17 @@ class ElasticWorker:
                     yield report
                     if (batch := trainer.take_trace(step)) is not None:
                         yield batch
-                    if cadence.due(step) and step < steps:
+                    if cadence.due(step) and not trainer.done(step):
                         began = time.perf_counter()
                         yield self._snapshot(step)
                         cadence.took(step, time.perf_counter() - began)
-                    if step == steps or step % every == 0:
+                    if trainer.done(step) or step % every == 0:
                         final = trainer.save(step)
                 if torch.distributed.is_initialized():
                     torch.distributed.barrier()
             except Exception as error:  # a peer lost, or the job's code: the controller decides
                 yield Interrupted(self.committed, error, traceback.format_exc())
                 return
-            yield Finished(TrainOutcome(last_step=steps, final_checkpoint=final))
+            yield Finished(TrainOutcome(last_step=step, final_checkpoint=final))
         finally:
             leave()

@@ -299,14 +299,22 @@ class Trainer:
         """Run from ``start_step`` to ``job.steps``, yielding each step's report as it
         ends (and the traced steps' records after the last of them); checkpoint every
         ``checkpoints.every`` steps and at the end."""
-        final = None
-        for step in range(self.start_step, self.job.steps):
-            yield self.run_step(step)
-            done = step + 1
+        final, done = None, self.start_step
+        while not self.done(done):
+            yield self.run_step(done)
+            done += 1
             if (batch := self.take_trace(done)) is not None:
                 yield batch
-            if done == self.job.steps or done % self.checkpoints.every == 0:
+            if self.done(done) or done % self.checkpoints.every == 0:
                 final = self.save(done)
         if dist.is_initialized():
             dist.barrier()
-        return TrainOutcome(last_step=self.job.steps, final_checkpoint=final)
+        return TrainOutcome(last_step=done, final_checkpoint=final)
+
+    def done(self, step: int) -> bool:
+        """Whether the run ends before ``step``: after ``job.steps`` steps, or with an
+        adaptive batch once its scale-invariant progress reaches ``job.steps`` steps of
+        batch M0 (AdaScale's end of training: a budget written for M0 holds)."""
+        if self.adapt is not None:
+            return self.adapt.state.progress >= self.job.steps
+        return step >= self.job.steps
