@@ -18,6 +18,7 @@ from unipar.adapt.noise import NoiseEstimate, NoiseSample
 from unipar.sched.goodput import split_batch
 from unipar.sched.throughput import Observation, fit
 
+GROWTH = 2  # the most a batch grows at one choice
 KEEP_OBSERVATIONS = 256  # the step times the throughput model is fitted on (the newest)
 
 
@@ -115,14 +116,16 @@ class AdaptState:
         )
 
     def choose(self, adaptive: AdaptiveBatch, max_micro: int) -> tuple[AdaptState, BatchChoice]:
-        """The goodput-optimal shape on the same replicas (:func:`choose`); a choice of
-        the batch already running keeps its micro-batching."""
+        """The goodput-optimal shape on the same replicas (:func:`choose`), at most
+        ``GROWTH`` times the running batch (the estimates behind a choice are a few noisy
+        steps old: the batch grows step by step, as they firm up); a choice of the batch
+        already running keeps its micro-batching."""
         replicas = self.shape.replicas
         pick = choose(
             self.observations,
             self.noise,
             init_batch=self.init_batch,
-            max_batch=adaptive.max_global_batch,
+            max_batch=min(adaptive.max_global_batch, GROWTH * self.shape.global_batch),
             replicas=replicas,
             max_local=max_micro,
         )

@@ -38,24 +38,27 @@ from torch import nn
 from unipar.adapt.config import AdaptiveBatch, LRRule
 from unipar.adapt.lr import default_rule
 from unipar.adapt.noise import NoiseSample
-from unipar.adapt.norms import check_mean_loss, squared_norm
+from unipar.adapt.norms import check_mean_loss
 from unipar.adapt.state import AdaptState, AdaptStats, BatchShape
 from unipar.data.sampler import SampleStream
 from unipar.job import Job
 from unipar.plan import Plan
+
+DOUBLE = torch.float64
 
 
 class _LocalSquares:
     """Σ g² of this rank's local (not yet averaged) gradient, as the hooks see it."""
 
     def __init__(self) -> None:
-        self.total = torch.zeros((), dtype=torch.float64)
+        self.total = torch.zeros((), dtype=DOUBLE)
 
     def add(self, tensor: torch.Tensor) -> None:
-        self.total = self.total.to(tensor.device) + tensor.detach().double().square().sum()
+        norm = torch.linalg.vector_norm(tensor.detach()).to(DOUBLE)
+        self.total = self.total.to(tensor.device) + norm.square()
 
-    def take(self) -> float:
-        value, self.total = float(self.total), torch.zeros((), dtype=torch.float64)
+    def take(self) -> torch.Tensor:
+        value, self.total = self.total, torch.zeros((), dtype=DOUBLE)
         return value
 
 
@@ -106,8 +109,14 @@ def _install_hooks(parts: list[nn.Module], squares: _LocalSquares) -> None:
                 module.set_custom_reduce_scatter(_reduce_scatter(squares))
 
 
-def _grad_squares(parts: list[nn.Module]) -> float:
-    return squared_norm([p.grad for part in parts for p in part.parameters()])
+def _grad_squares(parts: list[nn.Module]) -> torch.Tensor:
+    """Σ g² of this rank's part of the gradients (a tensor: no wait on the device)."""
+    grads = [p.grad for part in parts for p in part.parameters() if p.grad is not None]
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    if not local:
+        return torch.zeros((), dtype=DOUBLE)
+    norms = torch._foreach_norm([g.detach() for g in local])
+    return torch.stack(norms).to(DOUBLE).square().sum()
 
 
 class AdaptiveStep:
@@ -137,7 +146,8 @@ class AdaptiveStep:
         self.state = state.on_replicas(replicas, self.max_micro)
         self.stream = SampleStream(dataset_size, job.seed)
         self.squares = _LocalSquares()
-        self._first: float | None = None
+        self._first: torch.Tensor | None = None
+        self._pending: tuple[Any, torch.Tensor, bool] | None = None
         self._sample: NoiseSample | None = None
         # the previous step's time here and its shape (all-reduced with the norms); None
         # for a process's first step (it builds and warms up: not a step time to fit)
@@ -173,41 +183,51 @@ class AdaptiveStep:
         """One replica: the first of ``count`` micro-batches' gradient, unscaled from the
         1/count the mean loss put on it."""
         if self.one_replica and index == 0 and count > 1:
-            self._first = _grad_squares(self.model.parts) * count * count
+            self._first = _grad_squares(self.model.parts) * (count * count)
 
     def after_backward(self) -> None:
-        """The step's gradients are complete (before clipping and tied-copy sums): sum
-        the norms over the gang."""
-        shape = self.state.shape
-        local = (self._first or 0.0) if self.one_replica else self.squares.take() * self.local_scale
+        """The step's gradients are complete (before clipping and tied-copy sums): start
+        summing the norms over the gang (collected at :meth:`finish`, so the all-reduce
+        runs beside the optimizer step)."""
+        if self.one_replica:
+            local = self._first if self._first is not None else torch.zeros((), dtype=DOUBLE)
+        else:
+            local = self.squares.take() * self.local_scale
         seconds = self._timed[1] if self._timed is not None else 0.0
-        numbers = torch.tensor(
-            [local, _grad_squares(self.model.parts), seconds], dtype=torch.float64
-        )
-        world = 1
-        if dist.is_initialized():
-            world = dist.get_world_size()
-            dist.all_reduce(numbers)
+        big = _grad_squares(self.model.parts)
+        numbers = torch.stack([local.to(big.device), big, big.new_tensor(seconds)])
+        work = dist.all_reduce(numbers, async_op=True) if dist.is_initialized() else None
+        self._pending = (work, numbers, self._first is not None)
+        self._first = None
+
+    def _collect(self) -> None:
+        """The step's norms, summed over the gang: its noise sample and the previous
+        step's mean time."""
+        work, numbers, usable = self._pending
+        self._pending = None
+        if work is not None:
+            work.wait()
         small_sum, big_sum, seconds = numbers.tolist()
+        world = dist.get_world_size() if dist.is_initialized() else 1
         if self._timed is not None:
             self._timed = (self._timed[0], seconds / world)
+        shape = self.state.shape
         big = big_sum / self.dp
         if self.one_replica:
-            usable = self._first is not None
-            self._sample = NoiseSample(small_sum, big, shape.micro, shape.accum) if usable else None
+            sample = NoiseSample(small_sum, big, shape.micro, shape.accum) if usable else None
         else:
-            self._sample = NoiseSample(
-                small_sum / shape.replicas, big, shape.per_replica, shape.replicas
-            )
+            sample = NoiseSample(small_sum / shape.replicas, big, shape.per_replica, shape.replicas)
         if not all(math.isfinite(v) for v in (small_sum, big_sum)):
-            self._sample = None  # a diverged step says nothing of the noise
-        self._first = None
+            sample = None  # a diverged step says nothing of the noise
+        self._sample = sample
 
     # -- the step's end ----------------------------------------------------------------
 
     def finish(self, step: int, seconds: float) -> AdaptStats:
         """Move the state past the step (``seconds`` it took here) and, every
         ``adapt_every`` steps, choose the batch of the next ones."""
+        if self._pending is not None:
+            self._collect()
         stats = self.state.stats(self.rule)
         timed, ran = self._timed, self.state.shape
         self.state = self.state.after_step(self._sample, timed)
@@ -215,7 +235,8 @@ class AdaptiveStep:
         self._timed = (ran, seconds) if self._steps > 0 else (ran, 0.0)
         self._steps += 1
         due = not self.fixed and (step + 1) % self.adaptive.adapt_every == 0
-        if due and self.state.observations and self.state.noise.ready:
+        signal = self.state.noise.ready and self.state.noise.sqr_avg > 0  # |G|² seen above 0
+        if due and self.state.observations and signal:
             self.state, _ = self.state.choose(self.adaptive, self.max_micro)
         return stats
 
