@@ -135,7 +135,7 @@ def tasks(scale: float) -> list[Task]:
             (8, 16, 32, 64),
             128,
             int(6144 * scale),
-            2.55,
+            2.7,
             256,
         ),
         Task(
