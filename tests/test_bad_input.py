@@ -32,6 +32,22 @@ from unipar.plan import GradSync, Mesh, Plan
 from unipar.testing import tiny_gpt_job
 
 JOB_FILE = "from unipar.testing import tiny_gpt_job\n\njob = tiny_gpt_job(steps=4)\n"
+SUM_LOSS_JOB_FILE = """from dataclasses import replace
+import torch
+from unipar.testing import tiny_gpt_job
+
+def summed(outputs, targets):
+    logits = outputs.reshape(-1, outputs.size(-1))
+    return torch.nn.functional.cross_entropy(logits, targets.reshape(-1), reduction="sum")
+
+job = replace(tiny_gpt_job(steps=4), loss=summed)
+"""
+FACTORY_OPTIMIZER_JOB_FILE = """from dataclasses import replace
+import torch
+from unipar.testing import tiny_gpt_job
+
+job = replace(tiny_gpt_job(steps=4), optimizer=torch.optim.SGD)
+"""
 
 
 def _tree_digest(root: Path) -> dict[str, str]:
@@ -84,7 +100,14 @@ def _assert_one_clear_error(code, err):
 
 
 def _nothing_written(workdir: Path) -> None:
-    assert {p.name for p in workdir.iterdir()} <= {"afile", "job.py", "bad.json", "ps.json"}
+    assert {p.name for p in workdir.iterdir()} <= {
+        "afile",
+        "job.py",
+        "bad.json",
+        "ps.json",
+        "sum_loss.py",
+        "factory_optimizer.py",
+    }
 
 
 # --- every flag of `unipar train` ----------------------------------------------------
@@ -120,6 +143,15 @@ TRAIN_FLAGS = [
     (["job.py", "--max-failures", "-1"], "--max-failures must be >= 0"),
     (["job.py", "--no-progress=yes"], "ignored explicit argument"),
     (["job.py", "--placement-timeout", "0"], "--placement-timeout must be > 0"),
+    (["job.py", "--max-batch", "64"], "--max-batch 64 without --adaptive-batch"),
+    (["job.py", "--adaptive-batch", "--max-batch", "0"], "--max-batch must be >= 1"),
+    (
+        ["job.py", "--adaptive-batch", "--max-batch", "4"],
+        r"max_global_batch must be at least .* M0\), but got max_global_batch=4 < "
+        r"global_batch_size=8; .*--max-batch",
+    ),
+    (["sum_loss.py", "--adaptive-batch"], "needs a loss that is a mean over samples"),
+    (["factory_optimizer.py", "--adaptive-batch"], "Job.optimizer is a factory with no rule"),
 ]
 
 
@@ -128,6 +160,8 @@ TRAIN_FLAGS = [
 )
 def test_train_flag(argv, pattern, workdir, no_ray, capsys):
     (workdir / "bad.json").write_text('{"mesh": {"dp": 2},\n "microbatch_size" 4}')
+    (workdir / "sum_loss.py").write_text(SUM_LOSS_JOB_FILE)
+    (workdir / "factory_optimizer.py").write_text(FACTORY_OPTIMIZER_JOB_FILE)
     _refused(["train", *argv], pattern, workdir, capsys)
 
 
@@ -369,9 +403,18 @@ def test_fit_argument(arguments, error, pattern, workdir, no_ray):
     _nothing_written(workdir)
 
 
-def test_fit_refuses_an_adaptive_job_until_the_runtime_applies_it(workdir, no_ray):
-    job = _job(adaptive=AdaptiveBatch(64))
-    with pytest.raises(ConfigError, match=r"Job\.adaptive is not applied by the training runtime"):
+def _summed_loss(outputs, targets):
+    return torch.nn.functional.cross_entropy(
+        outputs.reshape(-1, outputs.size(-1)), targets.reshape(-1), reduction="sum"
+    )
+
+
+def test_fit_refuses_an_adaptive_job_with_a_summed_loss(workdir, no_ray):
+    job = _job(adaptive=AdaptiveBatch(64), loss=_summed_loss)
+    with pytest.raises(
+        ConfigError,
+        match=r"needs a loss that is a mean over samples .*\(reduction='mean'\)",
+    ):
         fit(job=job)
     _nothing_written(workdir)
 

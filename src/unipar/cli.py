@@ -29,6 +29,8 @@ def _train(args: argparse.Namespace) -> int:
     from unipar.ray_session import start_ray
 
     plan, options, config, address = _check_train_args(args)
+    if args.adaptive_batch:  # the bound and the loss are checked against the job first
+        adaptive_job = with_adaptive_batch(load_job(args.target), args.max_batch)
     # Ray's start is partly waiting on its own processes: load the job (importing torch)
     # meanwhile. Ray stays on the main thread: its processes die with the thread that
     # started them.
@@ -36,7 +38,7 @@ def _train(args: argparse.Namespace) -> int:
         loading = pool.submit(load_job, args.target)
         try:
             start_ray(address, checked=True)
-            job = loading.result()
+            job = adaptive_job if args.adaptive_batch else loading.result()
         except BaseException:
             ray.shutdown()
             raise
@@ -57,6 +59,13 @@ def _check_train_args(
     validate.check_address(args.address)
     if args.steps is not None:
         validate.integer("--steps", args.steps, minimum=1)
+    if args.max_batch is not None:
+        validate.integer("--max-batch", args.max_batch, minimum=1)
+        if not args.adaptive_batch:
+            raise ConfigError(
+                f"--max-batch bounds the adaptive batch, but got --max-batch {args.max_batch} "
+                "without --adaptive-batch; add --adaptive-batch or leave --max-batch out"
+            )
     plan = _strategy(args.strategy)
     options = run_options(args)
     config = _run_config(options)
@@ -74,6 +83,21 @@ def _check_train_args(
     if address and address != "local":
         address = check_cluster(address)  # within seconds, before anything starts
     return plan, options, config, address
+
+
+DEFAULT_MAX_BATCH_FACTOR = 8
+
+
+def with_adaptive_batch(job: Job, max_batch: int | None) -> Job:
+    """``job`` adapting its batch up to ``max_batch`` (None: 8 × its global batch); the
+    job's rules (a bound at least M0, a rule for its optimizer) and a mean loss checked."""
+    from unipar.adapt import AdaptiveBatch
+    from unipar.runtime.adaptive import check_adaptive_loss
+
+    bound = max_batch if max_batch is not None else DEFAULT_MAX_BATCH_FACTOR * job.global_batch_size
+    job = dataclasses.replace(job, adaptive=AdaptiveBatch(max_global_batch=bound))
+    check_adaptive_loss(job)
+    return job
 
 
 def run_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -176,6 +200,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="HOST:PORT of a running Ray cluster's head (default: start a local one)",
     )
     train.add_argument("--steps", type=int, default=None, help="override the job's steps")
+    train.add_argument(
+        "--adaptive-batch",
+        action="store_true",
+        help="adapt the global batch (and learning rate) to the gradient noise for the best "
+        "goodput, from the job's global_batch_size up to --max-batch",
+    )
+    train.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="with --adaptive-batch: the largest global batch "
+        f"(default: {DEFAULT_MAX_BATCH_FACTOR} x the job's global_batch_size)",
+    )
     add_run_options(train)
     train.set_defaults(handler=_train)
     add_plan_parser(commands)

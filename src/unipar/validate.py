@@ -336,12 +336,6 @@ def check_fit_inputs(job: Any, plan: Any, callbacks: Any, address: Any) -> None:
             f"job must be a unipar.Job, but got {type(job).__name__}; build one with "
             "Job(model=..., dataset=..., global_batch_size=..., steps=...)"
         )
-    if job.adaptive is not None:
-        raise ConfigError(
-            "Job.adaptive is not applied by the training runtime yet (unipar.adapt has the "
-            "noise estimator, learning-rate rules and goodput chooser, not the wiring into "
-            "the trainer); leave adaptive out to train at global_batch_size"
-        )
     if not (plan is None or isinstance(plan, (Plan, Strategy, str))):
         raise ConfigError(
             f"plan must be a Plan, a Strategy, a strategy name or None, but got "

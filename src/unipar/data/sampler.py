@@ -79,3 +79,32 @@ class ShardedBatches:
         start = position * self.sampler.global_batch_size + self.rank * per_worker
         mine = self._permutation[start : start + per_worker]
         return list(mine.split(self.microbatch_size))
+
+
+class SampleStream:
+    """Samples by position in the stream of epoch permutations (position ``p`` is entry
+    ``p mod N`` of epoch ``p div N``'s permutation), for runs whose global batch changes:
+    the data position is a count of samples, not of steps. With a constant batch that
+    divides the dataset it is :class:`GlobalBatchSampler`'s order exactly."""
+
+    def __init__(self, dataset_size: int, seed: int) -> None:
+        self.sampler = GlobalBatchSampler(dataset_size, 1, seed)
+        self.size = dataset_size
+        self._cached: dict[int, torch.Tensor] = {}
+
+    def _epoch(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._cached:
+            if len(self._cached) >= 2:  # a batch spans at most two epochs here
+                self._cached.clear()
+            self._cached[epoch] = self.sampler.permutation(epoch)
+        return self._cached[epoch]
+
+    def indices(self, start: int, count: int) -> torch.Tensor:
+        """The ``count`` samples from position ``start`` on (across epoch ends)."""
+        parts, position, left = [], start, count
+        while left > 0:
+            epoch, offset = divmod(position, self.size)
+            take = min(left, self.size - offset)
+            parts.append(self._epoch(epoch)[offset : offset + take])
+            position, left = position + take, left - take
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.long)

@@ -28,6 +28,7 @@ import torch
 
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.runtime.adaptive import adapt_state_of, with_adapt_state
 from unipar.runtime.gang import describe_process
 from unipar.runtime.heap import settle_heap
 from unipar.runtime.rendezvous import Rendezvous, StopSignal, join, leave
@@ -135,6 +136,7 @@ class ElasticWorker:
                 optimizers=trainer.optimizers,
                 collective=rendezvous.world_size > 1,
             )
+            trainer.adapt_from(adapt_state_of(parts))
             trainer.start_step = start_step
         self.committed = trainer.start_step
         settle_heap()
@@ -144,13 +146,14 @@ class ElasticWorker:
         """This rank's whole state at its last committed step, written by it alone (a
         replicated plan's survivor, after its gang broke up)."""
         trainer = self._trainer()
-        return save_to_memory(
+        part = save_to_memory(
             self.committed,
             0,
             parts=trainer.model.parts,
             optimizers=trainer.optimizers,
             collective=False,
         )
+        return with_adapt_state(part, trainer.adapt)
 
     def _trainer(self) -> Trainer:
         if self.trainer is None:
@@ -159,13 +162,14 @@ class ElasticWorker:
 
     def _snapshot(self, step: int) -> SnapshotPart:
         trainer = self._trainer()
-        return save_to_memory(
+        part = save_to_memory(
             step,
             trainer.rank,
             parts=trainer.model.parts,
             optimizers=trainer.optimizers,
             collective=torch.distributed.is_initialized(),
         )
+        return with_adapt_state(part, trainer.adapt)
 
     def train(
         self, snapshot_every: int | None, trace_steps: int | None = None
@@ -181,14 +185,14 @@ class ElasticWorker:
         counts as a step for Adam's bias correction)."""
         trainer, signal = self._trainer(), self.signal
         assert signal is not None
-        steps, every = self.job.steps, self.checkpoints.every
+        every = self.checkpoints.every
         step = trainer.start_step
         trainer.trace(trace_steps)
         cadence = SnapshotCadence(snapshot_every, start=step)
         final: Path | None = None
         try:
             try:
-                while step < steps:
+                while not trainer.done(step):
                     if signal.stop_before(step):
                         if step > 0:
                             yield self._snapshot(step)
@@ -204,17 +208,17 @@ class ElasticWorker:
                     yield report
                     if (batch := trainer.take_trace(step)) is not None:
                         yield batch
-                    if cadence.due(step) and step < steps:
+                    if cadence.due(step) and not trainer.done(step):
                         began = time.perf_counter()
                         yield self._snapshot(step)
                         cadence.took(step, time.perf_counter() - began)
-                    if step == steps or step % every == 0:
+                    if trainer.done(step) or step % every == 0:
                         final = trainer.save(step)
                 if torch.distributed.is_initialized():
                     torch.distributed.barrier()
             except Exception as error:  # a peer lost, or the job's code: the controller decides
                 yield Interrupted(self.committed, error, traceback.format_exc())
                 return
-            yield Finished(TrainOutcome(last_step=steps, final_checkpoint=final))
+            yield Finished(TrainOutcome(last_step=step, final_checkpoint=final))
         finally:
             leave()

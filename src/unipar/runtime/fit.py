@@ -13,6 +13,7 @@ from unipar.errors import UnsupportedPlanError
 from unipar.job import Job
 from unipar.plan import Plan, Strategy
 from unipar.ray_session import ray_session
+from unipar.runtime.adaptive import check_adaptive_loss
 from unipar.runtime.checkpoint import ensure_writable, resume_point
 from unipar.runtime.config import RunConfig, default_run_dir
 from unipar.runtime.controller import Callback, Controller
@@ -111,6 +112,8 @@ def fit(
     saying so, when other jobs hold the resources this run needs.
     """
     check_fit_inputs(job, plan, callbacks, address)
+    if job.adaptive is not None:
+        check_adaptive_loss(job)
     least, most = validate.worker_range(workers)
     config = RunConfig(
         workers=most,

@@ -8,7 +8,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from unipar.adapt.state import AdaptStats
 from unipar.runtime.trainer import StepReport
+
+# The adaptive batch's figures drawn and logged over a run.
+ADAPT_CURVES = ("global_batch", "noise_scale", "efficiency", "goodput")
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class StepMetrics:
     # Some rank committed the step and died before its report arrived: loss, samples and
     # tokens are the reporting ranks' only.
     partial: bool = False
+    # The adaptive batch's figures (a job with ``adaptive``), the same on every rank.
+    adapt: AdaptStats | None = None
 
 
 class StepAggregator:
@@ -75,6 +81,7 @@ def _joined(group: list[StepReport], attempt: int, *, partial: bool = False) -> 
         finished_at=max(r.finished_at for r in group),
         sample_ids=tuple(i for r in sorted(group, key=lambda r: r.rank) for i in r.sample_ids),
         partial=partial,
+        adapt=group[0].adapt,
     )
 
 
@@ -105,6 +112,10 @@ class MetricsWriter:
         if self._tensorboard is not None:
             for name in ("loss", "lr", "tokens_per_s"):
                 self._tensorboard.add_scalar(name, getattr(metrics, name), metrics.step)
+            if metrics.adapt is not None:
+                for name in ADAPT_CURVES:
+                    value = getattr(metrics.adapt, name)
+                    self._tensorboard.add_scalar(f"adaptive/{name}", value, metrics.step)
 
     def write_event(self, record: dict[str, Any]) -> None:
         """An event of the run (``{"event": "resize", "step": ..., "new": ...}``); in

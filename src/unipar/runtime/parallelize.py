@@ -90,12 +90,17 @@ class ParallelModel:
         return [p for part in self.parts for p in part.parameters()]
 
     def forward_backward(
-        self, microbatches: list[Microbatch], loss_fn: LossFunction
+        self, microbatches: list[Microbatch], loss_fn: LossFunction, observer: Any = None
     ) -> torch.Tensor | None:
         """Gradients of the mean loss over ``microbatches``; returns that loss where this
-        rank computes it (``None`` on pipeline stages before the last)."""
+        rank computes it (``None`` on pipeline stages before the last). ``observer``
+        (the adaptive batch's norms): ``after_microbatch(index, count)`` after each
+        micro-batch's backward outside a pipeline, ``after_backward()`` once the step's
+        gradients are complete (before tied copies are summed)."""
         if self.schedule is not None:
             loss = self._pipeline_step(microbatches)
+            if observer is not None:
+                observer.after_backward()
             for copies in self.tied:
                 copies.sum_gradients()
             return loss
@@ -109,7 +114,11 @@ class ParallelModel:
                     loss = loss_fn(self.parts[0](inputs), targets) / len(microbatches)
                 with self._span(TracedAction.BACKWARD, index):  # the last one syncs too
                     loss.backward()
+            if observer is not None:
+                observer.after_microbatch(index, len(microbatches))
             total = total.to(loss.device) + loss.detach()
+        if observer is not None:
+            observer.after_backward()
         return total
 
     def _span(

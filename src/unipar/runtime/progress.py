@@ -30,9 +30,15 @@ class ProgressBar:
         self._bar.refresh()
 
     def update(self, metrics: StepMetrics) -> None:
-        self._bar.set_postfix(
-            loss=f"{metrics.loss:.4f}", tok_s=f"{metrics.tokens_per_s:,.0f}", refresh=False
-        )
+        shown = {"loss": f"{metrics.loss:.4f}", "tok_s": f"{metrics.tokens_per_s:,.0f}"}
+        if (adapt := metrics.adapt) is not None:
+            shown |= {
+                "batch": str(adapt.global_batch),
+                "noise": f"{adapt.noise_scale:.3g}",
+                "eff": f"{adapt.efficiency:.2f}",
+                "goodput": f"{adapt.goodput:.3g}",
+            }
+        self._bar.set_postfix(shown, refresh=False)
         self._bar.update(metrics.step + 1 - self._bar.n)
 
     def note(self, message: str) -> None:

@@ -16,10 +16,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import default_collate
 
+from unipar.adapt.state import AdaptState, AdaptStats
 from unipar.data.sampler import GlobalBatchSampler, ShardedBatches
 from unipar.errors import ConfigError, UserCodeError
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.runtime.adaptive import AdaptiveStep, saved_adapt_state
 from unipar.runtime.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from unipar.runtime.clipping import clip_grad_norm
 from unipar.runtime.distributed_optimizer import build_optimizer
@@ -48,6 +50,7 @@ class StepReport:
     lr: float
     finished_at: float  # wall clock (time.time()) when the step ended on this worker
     sample_ids: tuple[int, ...] = ()  # dataset indices this rank counted in ``samples``
+    adapt: AdaptStats | None = None  # the adaptive batch's figures (job.adaptive set)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class Trainer:
         self.start_step = 0
         self.tracer: StepTracer | None = None
         self._attachment: Attachment | None = None
+        self.adapt: AdaptiveStep | None = None
 
     def setup(self, resume_from: Path | None) -> int:
         """Build model, optimizer and data; load ``resume_from``. Returns the first step."""
@@ -123,7 +127,16 @@ class Trainer:
                 )
             load_checkpoint(resume_from, parts=self.model.parts, optimizers=self.optimizers)
             self.start_step = info.step
+        self.adapt_from(saved_adapt_state(resume_from))
         return self.start_step
+
+    def adapt_from(self, state: AdaptState | None) -> None:
+        """With ``job.adaptive``: adapt the batch from ``state`` (None: from M0 at the
+        data's start)."""
+        if self.job.adaptive is not None:
+            self.adapt = AdaptiveStep(
+                self.job, self.plan, model=self.model, dataset_size=len(self.dataset), state=state
+            )
 
     def _optimizer(self, part: nn.Module) -> torch.optim.Optimizer:
         return build_optimizer(
@@ -162,6 +175,7 @@ class Trainer:
         self.model = ParallelModel(parts=[module], plan=self.plan, coordinates=coordinates)
         self.optimizers, self.base_lrs = previous.optimizers, previous.base_lrs
         self._shard_batches()
+        self.adapt_from(previous.adapt.state if previous.adapt is not None else None)
         self.start_step = step
         return step
 
@@ -185,7 +199,11 @@ class Trainer:
         return inputs.to(self.device), targets.to(self.device)
 
     def _set_lr(self, step: int) -> float:
-        factor = self.job.lr_schedule.multiplier(step, self.job.steps)
+        if self.adapt is None:
+            factor = self.job.lr_schedule.multiplier(step, self.job.steps)
+        else:  # the schedule in steps of batch M0, times the rule's factor
+            factor = self.job.lr_schedule.multiplier(self.adapt.schedule_step(), self.job.steps)
+            factor *= self.adapt.lr_factor()
         for optimizer, bases in zip(self.optimizers, self.base_lrs, strict=True):
             for group, base in zip(optimizer.param_groups, bases, strict=True):
                 group["lr"] = base * factor
@@ -195,10 +213,11 @@ class Trainer:
         started = time.perf_counter()
         lr = self._set_lr(step)
         model = self.model
-        indices = self.batches.microbatches(step)
+        adapt = self.adapt
+        indices = self.batches.microbatches(step) if adapt is None else adapt.microbatches()
         # A middle pipeline stage receives activations, not data.
         micro = [self._microbatch(i) for i in indices] if model.reads_data else []
-        loss = model.forward_backward(micro, self.job.loss)
+        loss = model.forward_backward(micro, self.job.loss, observer=adapt)
         if self.job.grad_clip_norm is not None:
             clip_grad_norm(model.parameters(), self.job.grad_clip_norm, model.pp_group)
         for optimizer in self.optimizers:
@@ -206,16 +225,18 @@ class Trainer:
             optimizer.zero_grad(set_to_none=True)
         counted = torch.cat(indices).tolist() if model.counts_samples and indices else []
         samples = len(counted)
+        seconds = time.perf_counter() - started
         return StepReport(
             step=step,
             rank=self.rank,
             loss=None if loss is None else loss.item(),
             samples=samples,
             tokens=samples * self._tokens_per_sample(micro),
-            seconds=time.perf_counter() - started,
+            seconds=seconds,
             lr=lr,
             finished_at=time.time(),
             sample_ids=tuple(counted),
+            adapt=None if adapt is None else adapt.finish(step, seconds),
         )
 
     def trace(self, trace_steps: int | None) -> None:
@@ -269,6 +290,7 @@ class Trainer:
                 "global_batch_size": self.job.global_batch_size,
                 "plan": self.plan.to_dict(),
                 "seed": self.job.seed,
+                **({"adaptive": self.adapt.state.to_dict()} if self.adapt is not None else {}),
             },
             keep=self.checkpoints.keep,
         )
@@ -277,14 +299,22 @@ class Trainer:
         """Run from ``start_step`` to ``job.steps``, yielding each step's report as it
         ends (and the traced steps' records after the last of them); checkpoint every
         ``checkpoints.every`` steps and at the end."""
-        final = None
-        for step in range(self.start_step, self.job.steps):
-            yield self.run_step(step)
-            done = step + 1
+        final, done = None, self.start_step
+        while not self.done(done):
+            yield self.run_step(done)
+            done += 1
             if (batch := self.take_trace(done)) is not None:
                 yield batch
-            if done == self.job.steps or done % self.checkpoints.every == 0:
+            if self.done(done) or done % self.checkpoints.every == 0:
                 final = self.save(done)
         if dist.is_initialized():
             dist.barrier()
-        return TrainOutcome(last_step=self.job.steps, final_checkpoint=final)
+        return TrainOutcome(last_step=done, final_checkpoint=final)
+
+    def done(self, step: int) -> bool:
+        """Whether the run ends before ``step``: after ``job.steps`` steps, or with an
+        adaptive batch once its scale-invariant progress reaches ``job.steps`` steps of
+        batch M0 (AdaScale's end of training: a budget written for M0 holds)."""
+        if self.adapt is not None:
+            return self.adapt.state.progress >= self.job.steps
+        return step >= self.job.steps

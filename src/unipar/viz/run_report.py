@@ -1,10 +1,12 @@
 """``unipar report RUN_DIR``: loss, tokens/s and learning rate over samples consumed, from
-the run's ``metrics.jsonl``, with restarts and resizes marked."""
+the run's ``metrics.jsonl``, with restarts and resizes marked; for an adaptive batch also
+the global batch, noise scale, statistical efficiency and predicted goodput."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,8 @@ class RunSeries:
     lr: tuple[float, ...]
     restarts: tuple[Marker, ...]
     events: tuple[Marker, ...]  # resizes and other events the run recorded
+    # an adaptive batch's curves by name (global_batch, noise_scale, ...); empty otherwise
+    adapt: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def _records(run_dir: Path) -> list[dict[str, Any]]:
@@ -99,7 +103,24 @@ def run_series(run_dir: str | Path) -> RunSeries:
         lr=tuple(float(r.get("lr", 0.0)) for r in ordered),
         restarts=tuple(restarts),
         events=tuple(events),
+        adapt=_adapt_curves(ordered),
     )
+
+
+NO_SIGNAL = 1e12  # a noise scale past this is tr(Σ) over the estimator's floor on |G|²
+ADAPT_LABELS = {
+    "global_batch": "global batch",
+    "noise_scale": "noise scale B_simple",
+    "efficiency": "statistical efficiency",
+    "goodput": "predicted goodput (M0-steps/s)",
+}
+
+
+def _adapt_curves(records: list[dict[str, Any]]) -> dict[str, tuple[float, ...]]:
+    """The adaptive batch's figures of each step (records a job with ``adaptive`` wrote)."""
+    if not records or not all(isinstance(r.get("adapt"), dict) for r in records):
+        return {}
+    return {name: tuple(float(r["adapt"][name]) for r in records) for name in ADAPT_LABELS}
 
 
 def _event_label(record: dict[str, Any]) -> str:
@@ -119,15 +140,19 @@ def report_run(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     series = run_series(run_dir)
     plt = pyplot()
-    figure, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     curves = [
         ("loss", series.loss),
         ("tokens/s", series.tokens_per_s),
         ("learning rate", series.lr),
+        *((ADAPT_LABELS[name], values) for name, values in series.adapt.items()),
     ]
+    figure, axes = plt.subplots(len(curves), 1, figsize=(10, 2.7 * len(curves)), sharex=True)
     for axis, (name, values) in zip(axes, curves, strict=True):
+        if name == ADAPT_LABELS["noise_scale"]:  # no estimate yet, or |G|² not above 0
+            values = tuple(v if 0 < v < NO_SIGNAL else math.nan for v in values)
+            axis.set_yscale("log")
         axis.plot(series.samples, values, marker="." if len(values) < 60 else None, linewidth=1)
-        axis.set_ylabel(name)
+        axis.set_ylabel(name, fontsize=8)
         axis.grid(alpha=0.3)
         for marker in series.restarts:
             axis.axvline(marker.samples, color="#C44E52", linestyle="--", linewidth=1)

@@ -1,0 +1,261 @@
+"""Time to a held-out loss: fixed global batches against the adaptive batch, two real tasks.
+
+Tasks, each on the same 2 data-parallel workers:
+- gpt: the demo GPT (``unipar train gpt-stdlib``'s model, optimizer and schedule) on the
+  standard library's text, the last tenth of the windows held out;
+- digits: scikit-learn's handwritten digits (1797 8x8 images), an MLP classifier, a
+  fifth of the images held out.
+Each task's job has an initial batch M0 (its learning rate and schedule are written for
+it); every run trains for the same budget of samples (schedule horizons in M0 steps),
+checkpointing often. The held-out loss of each checkpoint is measured afterwards, and a
+run's time to the target is the sum of its step times (``StepMetrics.step_time_s``, so
+checkpoint writes and the start of the workers are not counted) up to the first checkpoint
+at or below the target.
+
+vs_best_fixed = adaptive / best fixed batch; vs_default = adaptive / fixed M0 (the job as
+written). The RESULT line holds the worse of the two tasks for each, and overhead: the
+mean step time with the adaptive machinery on but the batch pinned at M0 over the plain
+run's (the estimator's cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import ray
+import torch
+from torch.utils.data import Dataset, Subset
+
+from unipar import Job, Plan, fit, load_model_state
+from unipar.adapt import AdaptiveBatch
+from unipar.job import LRSchedule, OptimizerSpec, ScheduleKind, cross_entropy_loss
+from unipar.models.mlp import MLP, MLPConfig
+from unipar.ray_session import start_ray
+from unipar.recipes import gpt_stdlib
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+WORKERS = 2
+
+
+# --- the tasks' data ---------------------------------------------------------------
+
+
+def _stdlib_windows(seq_len: int):  # type: ignore[no-untyped-def]
+    from unipar.data.text import ByteTextDataset, stdlib_corpus
+
+    return ByteTextDataset(stdlib_corpus(), seq_len)
+
+
+def gpt_train(seq_len: int) -> Dataset:
+    windows = _stdlib_windows(seq_len)
+    return Subset(windows, range(len(windows) * 9 // 10))
+
+
+def gpt_held_out(seq_len: int, count: int = 96) -> Dataset:
+    windows = _stdlib_windows(seq_len)
+    start = len(windows) * 9 // 10
+    step = max(1, (len(windows) - start) // count)
+    return Subset(windows, range(start, len(windows), step)[:count])
+
+
+class Digits(Dataset):
+    """scikit-learn's digits, standardised; ``held_out`` selects the fixed fifth."""
+
+    def __init__(self, held_out: bool) -> None:
+        from sklearn.datasets import load_digits
+
+        x, y = load_digits(return_X_y=True)
+        x = torch.tensor(x, dtype=torch.float32)
+        x = (x - x.mean(0)) / (x.std(0) + 1.0)
+        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+        cut = len(y) // 5
+        keep = order[:cut] if held_out else order[cut:]
+        self.x, self.y = x[keep], torch.tensor(y, dtype=torch.long)[keep]
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]
+
+
+def digits_model() -> torch.nn.Module:
+    return MLP(MLPConfig(in_features=64, hidden=64, layers=2, out_features=10, expansion=2))
+
+
+# --- tasks ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    job: Callable[[int, int], Job]  # (global batch, steps) -> job
+    held_out: Callable[[], Dataset]
+    init_batch: int  # M0: the job as written
+    fixed: tuple[int, ...]
+    max_batch: int
+    samples: int  # budget of every run
+    target: float  # held-out loss
+    checkpoint_samples: int  # about this many samples between checkpoints
+
+
+def gpt_job(batch: int, steps: int) -> Job:
+    job = gpt_stdlib(steps=steps, global_batch_size=batch)
+    return replace(job, name="adaptive-gpt", dataset=functools.partial(gpt_train, 128))
+
+
+def digits_job(batch: int, steps: int) -> Job:
+    return Job(
+        name="adaptive-digits",
+        model=digits_model,
+        dataset=functools.partial(Digits, False),
+        global_batch_size=batch,
+        steps=steps,
+        loss=cross_entropy_loss,
+        optimizer=OptimizerSpec(kind="sgd", lr=0.02, momentum=0.9),
+        lr_schedule=LRSchedule(ScheduleKind.CONSTANT),
+    )
+
+
+def tasks(scale: float) -> list[Task]:
+    return [
+        Task(
+            "gpt",
+            gpt_job,
+            functools.partial(gpt_held_out, 128),
+            8,
+            (8, 16, 32, 64),
+            128,
+            int(2560 * scale),
+            2.4,
+            256,
+        ),
+        Task(
+            "digits",
+            digits_job,
+            functools.partial(Digits, True),
+            8,
+            (8, 32, 64, 256),
+            512,
+            int(12288 * scale),
+            0.20,
+            256,
+        ),
+    ]
+
+
+# --- runs ----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def held_out_loss(task: Task, job: Job, checkpoint: Path, data: Dataset) -> float:
+    model = job.model()
+    model.load_state_dict(load_model_state(checkpoint))
+    model.eval()
+    inputs = torch.stack([data[i][0] for i in range(len(data))])
+    targets = torch.stack([data[i][1] for i in range(len(data))])
+    return float(job.loss(model(inputs), targets))
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str
+    seconds_to_target: float  # inf: not reached within the budget
+    best_loss: float
+    mean_step_s: float
+    final_batch: int
+
+
+def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
+    """A fixed ``batch``, or (None) the adaptive batch from M0 (``pinned``: bounded at M0)."""
+    m0 = task.init_batch
+    size = batch or m0
+    # An adaptive run's steps are steps of batch M0: it ends when its scale-invariant
+    # progress has made as many, so every run has the same budget and schedule horizon.
+    job = task.job(size, max(1, task.samples // size))
+    every = max(1, task.checkpoint_samples // size)
+    if batch is None:
+        bound = m0 if pinned else task.max_batch
+        job = replace(job, adaptive=AdaptiveBatch(max_global_batch=bound, adapt_every=10))
+        every = max(1, task.checkpoint_samples // (bound if not pinned else m0))
+    label = f"{task.name} {'adaptive' if batch is None else f'batch {batch}'}"
+    label += " (pinned at M0)" if pinned else ""
+    run_dir = root / label.replace(" ", "-").replace("(", "").replace(")", "")
+    plan = Plan.data_parallel(WORKERS, size)
+    result = fit(
+        job,
+        workers=WORKERS,
+        plan=plan,
+        run_dir=run_dir,
+        checkpoint_every=every,
+        keep_checkpoints=100_000,
+        progress=False,
+    )
+    elapsed, by_step = 0.0, {}
+    for metrics in result.history:
+        elapsed += metrics.step_time_s
+        by_step[metrics.step + 1] = elapsed
+    data = task.held_out()
+    reached, best = math.inf, math.inf
+    for checkpoint in sorted(result.checkpoint_dir.glob("step_*")):
+        step = int(checkpoint.name.split("_")[1])
+        loss = held_out_loss(task, job, checkpoint, data)
+        best = min(best, loss)
+        if loss <= task.target:
+            reached = by_step[step]
+            break
+    steps = result.history
+    last = steps[-1].adapt.global_batch if steps[-1].adapt is not None else size
+    mean = sum(m.step_time_s for m in steps[1:]) / max(1, len(steps) - 1)
+    outcome = Run(label, reached, best, mean, last)
+    print(
+        f"{label:34s} to {task.target}: {reached:7.2f} s  (best held-out {best:.3f}, "
+        f"{len(steps)} steps, mean step {mean * 1e3:.1f} ms, last batch {last})",
+        flush=True,
+    )
+    return outcome
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scale", type=float, default=1.0, help="sample budget factor")
+    parser.add_argument("--only", choices=("gpt", "digits"), default=None)
+    args = parser.parse_args()
+    start_ray(None, num_cpus=WORKERS)
+    vs_best, vs_default, overheads = [], [], []
+    with tempfile.TemporaryDirectory(prefix="adaptive-batch-") as tmp:
+        root = Path(tmp)
+        for task in tasks(args.scale):
+            if args.only not in (None, task.name):
+                continue
+            fixed = {b: run(task, b, root) for b in task.fixed}
+            adaptive = run(task, None, root)
+            pinned = run(task, None, root, pinned=True)
+            best = min(r.seconds_to_target for r in fixed.values())
+            default = fixed[task.init_batch].seconds_to_target
+            vs_best.append(adaptive.seconds_to_target / best)
+            vs_default.append(adaptive.seconds_to_target / default)
+            overheads.append(pinned.mean_step_s / fixed[task.init_batch].mean_step_s - 1)
+            print(
+                f"{task.name}: adaptive / best fixed = {vs_best[-1]:.3f}, adaptive / M0="
+                f"{task.init_batch} = {vs_default[-1]:.3f}, estimator overhead "
+                f"{overheads[-1]:+.1%} of the step time",
+                flush=True,
+            )
+    ray.shutdown()
+    print(
+        f"RESULT vs_best_fixed={max(vs_best):.3f} vs_default={max(vs_default):.3f} "
+        f"overhead={max(overheads):.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

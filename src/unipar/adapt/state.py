@@ -1,0 +1,160 @@
+"""Where an adaptive run stands, and how one step and one choice move it (pure).
+
+Every rank holds the same :class:`AdaptState` and updates it from the same numbers (the
+step's norms and time, all-reduced), so every rank takes the same decision without a
+broadcast. Progress is counted in samples consumed (the data position) and in
+scale-invariant steps of batch M0 (the schedule's clock, AdaScale §3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from unipar.adapt.chooser import BatchChoice, choose, fit_error
+from unipar.adapt.config import AdaptiveBatch, LRRule
+from unipar.adapt.lr import efficiency, lr_factor, progress_step
+from unipar.adapt.noise import NoiseEstimate, NoiseSample
+from unipar.sched.goodput import split_batch
+from unipar.sched.throughput import Observation, fit
+
+GROWTH = 2  # the most a batch grows at one choice
+KEEP_OBSERVATIONS = 256  # the step times the throughput model is fitted on (the newest)
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """A global batch as ``replicas × micro × accum``: each data replica runs ``accum``
+    micro-batches of ``micro`` samples per optimizer step."""
+
+    micro: int
+    accum: int
+    replicas: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro * self.accum * self.replicas
+
+    @property
+    def per_replica(self) -> int:
+        return self.micro * self.accum
+
+
+@dataclass(frozen=True)
+class AdaptStats:
+    """What a step reports of the adaptation (the same on every rank)."""
+
+    global_batch: int
+    noise_scale: float  # B_simple = tr(Σ)/|G|², samples
+    efficiency: float  # statistical efficiency of this batch against M0 (Pollux eq. 6)
+    goodput: float  # predicted steps of batch M0 per second at this batch (0: no model yet)
+    lr_factor: float  # the learning rate's factor on the one written for M0
+    progress: float  # scale-invariant steps of batch M0 done
+    fit_error: float | None = None  # throughput model's RMS relative error (at choices)
+    grad_sqr: float = 0.0  # smoothed unbiased |G|² (not floored; 0 before a first estimate)
+    grad_var: float = 0.0  # smoothed unbiased tr(Σ) per sample (not floored)
+
+
+@dataclass(frozen=True)
+class AdaptState:
+    init_batch: int
+    shape: BatchShape
+    samples: int = 0
+    progress: float = 0.0
+    noise: NoiseEstimate = field(default_factory=NoiseEstimate)
+    observations: tuple[Observation, ...] = ()
+    goodput: float = 0.0
+    fit_error: float | None = None
+
+    @classmethod
+    def start(cls, adaptive: AdaptiveBatch, init_batch: int, shape: BatchShape) -> AdaptState:
+        return cls(init_batch, shape, noise=NoiseEstimate(adaptive.smoothing))
+
+    def lr_factor(self, rule: LRRule) -> float:
+        return lr_factor(
+            rule, self.shape.global_batch, self.init_batch, self.noise.sqr, self.noise.var
+        )
+
+    def stats(self, rule: LRRule) -> AdaptStats:
+        batch = self.shape.global_batch
+        return AdaptStats(
+            global_batch=batch,
+            noise_scale=self.noise.noise_scale,
+            efficiency=efficiency(batch, self.init_batch, self.noise.sqr, self.noise.var),
+            goodput=self.goodput,
+            lr_factor=self.lr_factor(rule),
+            progress=self.progress,
+            fit_error=self.fit_error,
+            grad_sqr=self.noise.sqr_avg / self.noise.weight if self.noise.ready else 0.0,
+            grad_var=self.noise.var_avg / self.noise.weight if self.noise.ready else 0.0,
+        )
+
+    def after_step(
+        self, sample: NoiseSample | None, timed: tuple[BatchShape, float] | None = None
+    ) -> AdaptState:
+        """The state after a step at ``shape`` with these norms (and ``timed``: a step
+        time seen, with the shape it ran at): the data position moves by the batch,
+        progress by the gain (with the estimate before this step, as the step's learning
+        rate had)."""
+        batch = self.shape.global_batch
+        gain = progress_step(batch, self.init_batch, self.noise.sqr, self.noise.var)
+        noise = self.noise if sample is None else self.noise.update(sample)
+        observations = self.observations
+        if timed is not None and timed[1] > 0:
+            # Pollux's T_iter has no accumulation term in an observation: the time per
+            # micro-batch round stands for the step (sync counted once per step, a bias
+            # toward accumulation that is small when sync is small against compute).
+            shape, seconds = timed
+            seen = Observation(1, shape.replicas, shape.micro, seconds / shape.accum, 0.0)
+            observations = (*observations, seen)[-KEEP_OBSERVATIONS:]
+        return replace(
+            self,
+            samples=self.samples + batch,
+            progress=self.progress + gain,
+            noise=noise,
+            observations=observations,
+        )
+
+    def choose(self, adaptive: AdaptiveBatch, max_micro: int) -> tuple[AdaptState, BatchChoice]:
+        """The goodput-optimal shape on the same replicas (:func:`choose`), at most
+        ``GROWTH`` times the running batch (the estimates behind a choice are a few noisy
+        steps old: the batch grows step by step, as they firm up); a choice of the batch
+        already running keeps its micro-batching."""
+        replicas = self.shape.replicas
+        pick = choose(
+            self.observations,
+            self.noise,
+            init_batch=self.init_batch,
+            max_batch=min(adaptive.max_global_batch, GROWTH * self.shape.global_batch),
+            replicas=replicas,
+            max_local=max_micro,
+        )
+        error = fit_error(fit(list(self.observations)), self.observations)
+        shape = self.shape
+        if pick.global_batch != shape.global_batch:
+            shape = BatchShape(pick.local_batch, pick.accum_steps, replicas)
+        return replace(self, shape=shape, goodput=pick.goodput, fit_error=error), pick
+
+    def on_replicas(self, replicas: int, max_micro: int) -> AdaptState:
+        """The same global batch (rounded up to a multiple of ``replicas``) on a new
+        number of data replicas (an elastic resize)."""
+        if replicas == self.shape.replicas:
+            return self
+        micro, accum = split_batch(self.shape.global_batch, replicas, max_micro)
+        return replace(self, shape=BatchShape(micro, accum + 1, replicas))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AdaptState:
+        return cls(
+            init_batch=int(data["init_batch"]),
+            shape=BatchShape(**data["shape"]),
+            samples=int(data["samples"]),
+            progress=float(data["progress"]),
+            noise=NoiseEstimate(**data["noise"]),
+            observations=tuple(Observation(**o) for o in data["observations"]),
+            goodput=float(data["goodput"]),
+            fit_error=data["fit_error"],
+        )

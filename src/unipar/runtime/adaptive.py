@@ -1,0 +1,291 @@
+"""The adaptive batch in a running trainer: gradient norms under any plan, the data by
+sample position, the learning-rate factor and the batch choice every K steps.
+
+Norms (McCandlish et al. 2018, App. A.1, see :mod:`unipar.adapt.noise`) need each data
+replica's own gradient before it is averaged, and the averaged one:
+
+- DDP: a communication hook sees each bucket of the local gradient before its
+  all-reduce (``register_comm_hook``, wrapping PyTorch's ``allreduce_hook``).
+- FSDP2 (``fsdp``, or ``dp`` with tensor or pipeline parallelism): a custom
+  reduce-scatter (``set_custom_reduce_scatter``) sees the flat local gradient of each
+  group once it is copied in (when FSDP allocates the output buffer, before any
+  division or communication), whatever the size of the reduce-scatter group.
+- One data replica: the first micro-batch's gradient (before the others accumulate)
+  against the whole step's; no estimate with a single micro-batch, nor under a
+  pipeline's schedule (its micro-batches are not seen one by one).
+
+Each rank adds the squares of its own part (a tensor-parallel shard, a pipeline stage,
+an FSDP flat buffer), one all-reduce of three numbers sums them over the gang, and the
+averaged gradient's parts, replicated over ``dp``, are divided by ``dp``. A parameter
+replicated over the tensor-parallel ranks is counted once per rank in both norms alike,
+so both measure the gradient in the same (weighted) norm and their ratio, the noise
+scale, keeps its meaning. Tied copies across pipeline stages are measured before their
+gradients are summed, for the same reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from unipar.adapt.config import AdaptiveBatch, LRRule
+from unipar.adapt.lr import default_rule
+from unipar.adapt.noise import NoiseSample
+from unipar.adapt.norms import check_mean_loss
+from unipar.adapt.state import AdaptState, AdaptStats, BatchShape
+from unipar.data.sampler import SampleStream
+from unipar.job import Job
+from unipar.plan import Plan
+
+DOUBLE = torch.float64
+
+
+class _LocalSquares:
+    """Σ g² of this rank's local (not yet averaged) gradient, as the hooks see it."""
+
+    def __init__(self) -> None:
+        self.total = torch.zeros((), dtype=DOUBLE)
+
+    def add(self, tensor: torch.Tensor) -> None:
+        norm = torch.linalg.vector_norm(tensor.detach()).to(DOUBLE)
+        self.total = self.total.to(tensor.device) + norm.square()
+
+    def take(self) -> torch.Tensor:
+        value, self.total = self.total, torch.zeros((), dtype=DOUBLE)
+        return value
+
+
+def _ddp_hook(squares, bucket):  # type: ignore[no-untyped-def]
+    """(No annotations: DDP checks them, and this module's are strings.)"""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    squares.add(bucket.buffer())
+    return allreduce_hook(None, bucket)
+
+
+def _reduce_scatter(squares: _LocalSquares) -> Any:
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+
+    class NormedReduceScatter(ReduceScatter):
+        """FSDP2's reduce-scatter that adds the local gradient's squares first: FSDP
+        allocates the input, copies the local gradients in, then allocates the output."""
+
+        def __init__(self) -> None:
+            self._input: torch.Tensor | None = None
+
+        def allocate(self, size, *, dtype, device):  # type: ignore[no-untyped-def]
+            buffer = torch.empty(*size, dtype=dtype, device=device)
+            if self._input is None:
+                self._input = buffer
+            else:
+                squares.add(self._input)
+                self._input = None
+            return buffer
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # type: ignore[no-untyped-def]
+            return dist.reduce_scatter_tensor(
+                output_tensor, input_tensor, op=op, group=group, async_op=async_op
+            )
+
+    return NormedReduceScatter()
+
+
+def _install_hooks(parts: list[nn.Module], squares: _LocalSquares) -> None:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    for part in parts:
+        if isinstance(part, DistributedDataParallel):
+            part.register_comm_hook(squares, _ddp_hook)
+        for module in part.modules():
+            if isinstance(module, FSDPModule):
+                module.set_custom_reduce_scatter(_reduce_scatter(squares))
+
+
+def _grad_squares(parts: list[nn.Module]) -> torch.Tensor:
+    """Σ g² of this rank's part of the gradients (a tensor: no wait on the device)."""
+    grads = [p.grad for part in parts for p in part.parameters() if p.grad is not None]
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    if not local:
+        return torch.zeros((), dtype=DOUBLE)
+    norms = torch._foreach_norm([g.detach() for g in local])
+    return torch.stack(norms).to(DOUBLE).square().sum()
+
+
+class AdaptiveStep:
+    """One trainer's adaptive batch: which samples each step, the learning-rate factor,
+    the norms of each step and the choice of the next batch."""
+
+    def __init__(
+        self, job: Job, plan: Plan, *, model: Any, dataset_size: int, state: AdaptState | None
+    ) -> None:
+        adaptive = job.adaptive
+        assert isinstance(adaptive, AdaptiveBatch)
+        self.adaptive, self.model = adaptive, model
+        self.rule: LRRule = adaptive.lr_rule or default_rule(job.optimizer.kind)  # type: ignore[union-attr]
+        replicas = plan.mesh.data_replicas
+        self.dp = plan.mesh.dp
+        self.fixed = adaptive.max_global_batch == job.global_batch_size or plan.mesh.pp > 1
+        self.max_micro = adaptive.max_local_batch or max(
+            plan.microbatch_size, adaptive.max_global_batch // replicas
+        )
+        shape = BatchShape(
+            plan.microbatch_size,
+            job.global_batch_size // (replicas * plan.microbatch_size),
+            replicas,
+        )
+        if state is None:
+            state = AdaptState.start(adaptive, job.global_batch_size, shape)
+        self.state = state.on_replicas(replicas, self.max_micro)
+        self.stream = SampleStream(dataset_size, job.seed)
+        self.squares = _LocalSquares()
+        self._first: torch.Tensor | None = None
+        self._pending: tuple[Any, torch.Tensor, bool] | None = None
+        self._sample: NoiseSample | None = None
+        # the previous step's time here and its shape (all-reduced with the norms); None
+        # for a process's first step (it builds and warms up: not a step time to fit)
+        self._timed: tuple[BatchShape, float] | None = None
+        # A pipeline's stages reduce the sum of the micro-batches' gradients, then divide
+        # by their number (``scale_grads``): the local squares are that number² too big.
+        self.local_scale = 1.0 / plan.num_microbatches**2 if plan.mesh.pp > 1 else 1.0
+        self.one_replica = replicas == 1
+        self._steps = 0
+        if not self.one_replica:
+            _install_hooks(model.parts, self.squares)
+
+    # -- data --------------------------------------------------------------------------
+
+    def microbatches(self) -> list[torch.Tensor]:
+        """This rank's replica's micro-batches of the step at the current position."""
+        shape = self.state.shape
+        start = self.state.samples + self.model.data_replica * shape.per_replica
+        return list(self.stream.indices(start, shape.per_replica).split(shape.micro))
+
+    # -- learning rate -----------------------------------------------------------------
+
+    def schedule_step(self) -> float:
+        """Where the schedule written for M0 stands: scale-invariant steps."""
+        return self.state.progress
+
+    def lr_factor(self) -> float:
+        return self.state.lr_factor(self.rule)
+
+    # -- norms (called by the model's forward_backward) --------------------------------
+
+    def after_microbatch(self, index: int, count: int) -> None:
+        """One replica: the first of ``count`` micro-batches' gradient, unscaled from the
+        1/count the mean loss put on it."""
+        if self.one_replica and index == 0 and count > 1:
+            self._first = _grad_squares(self.model.parts) * (count * count)
+
+    def after_backward(self) -> None:
+        """The step's gradients are complete (before clipping and tied-copy sums): start
+        summing the norms over the gang (collected at :meth:`finish`, so the all-reduce
+        runs beside the optimizer step)."""
+        if self.one_replica:
+            local = self._first if self._first is not None else torch.zeros((), dtype=DOUBLE)
+        else:
+            local = self.squares.take() * self.local_scale
+        seconds = self._timed[1] if self._timed is not None else 0.0
+        big = _grad_squares(self.model.parts)
+        numbers = torch.stack([local.to(big.device), big, big.new_tensor(seconds)])
+        work = dist.all_reduce(numbers, async_op=True) if dist.is_initialized() else None
+        self._pending = (work, numbers, self._first is not None)
+        self._first = None
+
+    def _collect(self) -> None:
+        """The step's norms, summed over the gang: its noise sample and the previous
+        step's mean time."""
+        work, numbers, usable = self._pending
+        self._pending = None
+        if work is not None:
+            work.wait()
+        small_sum, big_sum, seconds = numbers.tolist()
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if self._timed is not None:
+            self._timed = (self._timed[0], seconds / world)
+        shape = self.state.shape
+        big = big_sum / self.dp
+        if self.one_replica:
+            sample = NoiseSample(small_sum, big, shape.micro, shape.accum) if usable else None
+        else:
+            sample = NoiseSample(small_sum / shape.replicas, big, shape.per_replica, shape.replicas)
+        if not all(math.isfinite(v) for v in (small_sum, big_sum)):
+            sample = None  # a diverged step says nothing of the noise
+        self._sample = sample
+
+    # -- the step's end ----------------------------------------------------------------
+
+    def finish(self, step: int, seconds: float) -> AdaptStats:
+        """Move the state past the step (``seconds`` it took here) and, every
+        ``adapt_every`` steps, choose the batch of the next ones."""
+        if self._pending is not None:
+            self._collect()
+        stats = self.state.stats(self.rule)
+        timed, ran = self._timed, self.state.shape
+        self.state = self.state.after_step(self._sample, timed)
+        self._sample = None
+        self._timed = (ran, seconds) if self._steps > 0 else (ran, 0.0)
+        self._steps += 1
+        due = not self.fixed and (step + 1) % self.adaptive.adapt_every == 0
+        signal = self.state.noise.ready and self.state.noise.sqr_avg > 0  # |G|² seen above 0
+        if due and self.state.observations and signal:
+            self.state, _ = self.state.choose(self.adaptive, self.max_micro)
+        return stats
+
+
+def check_adaptive_loss(job: Job) -> None:
+    """Refuse, before any worker starts, a loss that is not a mean over samples: the
+    model's output shape from the meta device, random outputs of that shape and two of
+    the dataset's targets (a model or dataset that fails here is left to the workers)."""
+    from torch.utils.data import default_collate
+
+    from unipar.analysis.profile import SkipInPlaceOnMeta
+
+    try:
+        dataset = job.dataset()
+        inputs, targets = default_collate([dataset[0], dataset[min(1, len(dataset) - 1)]])
+        with torch.device("meta"), SkipInPlaceOnMeta():
+            out = job.model()(inputs.to("meta"))
+        out = getattr(out, "logits", out)
+        outputs = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
+    except Exception:
+        return
+    check_mean_loss(job.loss, outputs, targets)
+
+
+def saved_adapt_state(checkpoint: Path | None) -> AdaptState | None:
+    """The adaptive batch's state a checkpoint was written with (None: none there)."""
+    if checkpoint is None:
+        return None
+    from unipar.runtime.checkpoint import STATE_FILE
+
+    data = json.loads((Path(checkpoint) / STATE_FILE).read_text()).get("adaptive")
+    return None if data is None else AdaptState.from_dict(data)
+
+
+ADAPT_FILE = "unipar_adapt.json"  # the adaptive state inside an in-memory snapshot
+
+
+def with_adapt_state(part: Any, adapt: AdaptiveStep | None) -> Any:
+    """A snapshot part (:class:`~unipar.runtime.snapshot.SnapshotPart`) that also holds
+    the adaptive batch's state (the same on every rank)."""
+    if adapt is None:
+        return part
+    data = json.dumps(adapt.state.to_dict()).encode()
+    return dataclasses.replace(part, files={**part.files, ADAPT_FILE: data})
+
+
+def adapt_state_of(parts: list[Any]) -> AdaptState | None:
+    """The adaptive state a snapshot's parts hold (None: a run without one)."""
+    for part in parts:
+        if ADAPT_FILE in part.files:
+            return AdaptState.from_dict(json.loads(part.files[ADAPT_FILE]))
+    return None

@@ -1,0 +1,91 @@
+"""The adaptive run's state (pure), the data by sample position, and its metrics and
+picture (no Ray)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from png_checks import check_png
+
+from unipar.adapt import AdaptiveBatch
+from unipar.adapt.config import LRRule
+from unipar.adapt.noise import NoiseSample
+from unipar.adapt.state import AdaptState, AdaptStats, BatchShape
+from unipar.data.sampler import GlobalBatchSampler, SampleStream
+from unipar.runtime.metrics import MetricsWriter, StepMetrics, read_metrics
+from unipar.viz.run_report import report_run, run_series
+
+
+def test_sample_stream_is_the_global_batch_order_and_crosses_epochs():
+    stream, sampler = SampleStream(40, 3), GlobalBatchSampler(40, 8, 3)
+    for step in range(12):  # three epochs of five batches
+        assert torch.equal(stream.indices(8 * step, 8), sampler.global_indices(step))
+    crossing = stream.indices(36, 8)  # four of epoch 0's end, four of epoch 1's start
+    assert torch.equal(crossing[:4], sampler.permutation(0)[36:])
+    assert torch.equal(crossing[4:], sampler.permutation(1)[:4])
+
+
+def _noisy(state: AdaptState, steps: int, seconds: float = 0.1) -> AdaptState:
+    """Steps with |G|² = 1, tr(Σ) = 1000 per sample: per-replica norms 1 + 1000/b."""
+    for _ in range(steps):
+        b = state.shape.per_replica
+        k = state.shape.replicas
+        sample = NoiseSample(1 + 1000 / b, 1 + 1000 / (b * k), b, k)
+        timed = (state.shape, seconds * (1 + 0.01 * state.shape.micro))
+        state = state.after_step(sample, timed)
+    return state
+
+
+def test_steps_move_position_and_progress_and_a_choice_grows_a_noisy_batch():
+    adaptive = AdaptiveBatch(max_global_batch=256, adapt_every=5)
+    state = AdaptState.start(adaptive, 16, BatchShape(micro=4, accum=2, replicas=2))
+    state = _noisy(state, 5)
+    assert state.samples == 5 * 16
+    assert state.progress == pytest.approx(5.0)  # at M0 the gain is 1
+    assert state.noise.noise_scale == pytest.approx(1000, rel=1e-6)
+    state, pick = state.choose(adaptive, max_micro=64)
+    assert 16 < pick.global_batch <= 256 and state.shape.global_batch == pick.global_batch
+    stats = state.stats(LRRule.ADASCALE)
+    s = pick.global_batch / 16
+    assert stats.lr_factor == pytest.approx(1001 / (1000 / s + 1))  # AdaScale's gain
+    assert stats.efficiency == pytest.approx(stats.lr_factor / s)
+    before = state.progress
+    assert state.after_step(None).progress == pytest.approx(before + stats.lr_factor)
+    assert AdaptState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+
+
+def test_a_resize_keeps_the_global_batch():
+    state = AdaptState.start(AdaptiveBatch(64), 24, BatchShape(micro=4, accum=3, replicas=2))
+    moved = state.on_replicas(3, max_micro=8)
+    assert moved.shape.replicas == 3 and moved.shape.global_batch == 24
+    assert moved.shape.micro <= 8
+
+
+def test_metrics_and_report_carry_the_adaptive_curves(tmp_path):
+    writer = MetricsWriter(tmp_path / "metrics.jsonl")
+    for step in range(6):
+        batch = 8 if step < 3 else 32
+        adapt = AdaptStats(batch, 100.0 + step, 1.0 - 0.01 * step, 2.0 * step, 1.0, step, None)
+        writer.write(
+            StepMetrics(
+                step,
+                4.0 - 0.1 * step,
+                1e-3,
+                batch,
+                batch * 16,
+                0.1,
+                batch * 160.0,
+                0,
+                float(step),
+                adapt=adapt,
+            )
+        )
+    writer.close()
+    assert read_metrics(tmp_path / "metrics.jsonl")[4]["adapt"]["global_batch"] == 32
+    series = run_series(tmp_path)
+    assert series.adapt["global_batch"] == (8, 8, 8, 32, 32, 32)
+    assert series.samples[-1] == 3 * 8 + 3 * 32
+    assert set(series.adapt) == {"global_batch", "noise_scale", "efficiency", "goodput"}
+    check_png(report_run(tmp_path))
