@@ -66,18 +66,26 @@ class AutoscaleFleet(Fleet):
             return self._nodes
         self._next = now + self.every
         gpn = self.cluster.gpus_per_node
-        cap = np.array([max(1, 2 * max(j.max_replicas_seen, j.peer_max_replicas))
-                        for j in jobs])
-        kmax = int(min(cap.max(), self.cluster.total_gpus))
-        table = goodput_table(job_arrays(jobs, [j.peer_model or j.model for j in jobs]),
-                              kmax, gpn)
-        k = np.arange(1, kmax + 1)
-        per_gpu = table.goodput / (k[None, :] * np.maximum(table.goodput[:, :1], 1e-300))
-        useful = (per_gpu >= self.efficiency) & (k[None, :] <= cap[:, None])
-        demand = int(np.where(useful, k[None, :], 1).max(axis=1).sum())
+        demand = int(useful_gpus(jobs, self.cluster.total_gpus, gpn, self.efficiency).sum())
         want = min(max(math.ceil(demand / gpn), self.min_nodes), self.cluster.num_nodes)
         self._nodes = tuple(range(want))
         return self._nodes
+
+
+def useful_gpus(
+    jobs: Sequence[JobView], max_gpus: int, gpus_per_node: int, efficiency: float = 0.5
+) -> np.ndarray:
+    """Each job's useful GPUs (Pollux §4.3): the most at which its goodput per GPU is still
+    ``efficiency`` of its goodput on one GPU, at most twice what it or its peers ran on."""
+    cap = np.array([max(1, 2 * max(j.max_replicas_seen, j.peer_max_replicas))
+                    for j in jobs])
+    kmax = int(min(cap.max(), max_gpus))
+    table = goodput_table(job_arrays(jobs, [j.peer_model or j.model for j in jobs]),
+                          kmax, gpus_per_node)
+    k = np.arange(1, kmax + 1)
+    per_gpu = table.goodput / (k[None, :] * np.maximum(table.goodput[:, :1], 1e-300))
+    useful = (per_gpu >= efficiency) & (k[None, :] <= cap[:, None])
+    return np.where(useful, k[None, :], 1).max(axis=1)
 
 
 class SpotFleet(Fleet):

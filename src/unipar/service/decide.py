@@ -17,8 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from unipar.errors import ConfigError
 from unipar.sched.cluster import Cluster
+from unipar.sched.fleet import useful_gpus
 from unipar.sched.policy import Allocation, JobView, Policy, RoundState
 from unipar.sched.throughput import Observation, ThroughputModel, fit
 from unipar.service.state import JobRow, JobState
@@ -51,8 +54,22 @@ def observations(row: JobRow) -> list[Observation]:
 
 
 def _model(rows: Sequence[JobRow]) -> ThroughputModel | None:
+    """Pollux's model fitted on the jobs' step times. With a fixed global batch one
+    worker always runs the whole batch, so Pollux's compute line (fitted on single-worker
+    steps) would see one per-worker batch only; once sizes differ, the line
+    T = α + β·m is fitted over every size's per-worker batch m = M/k instead (least
+    squares, α, β ≥ 0; synchronisation folded into it)."""
     seen = [o for r in rows for o in observations(r)]
-    return fit(seen) if seen else None
+    if len({o.local_bsz for o in seen}) < 2:
+        return fit(seen) if seen else None
+    m = np.array([o.local_bsz for o in seen])
+    t = np.array([o.step_time for o in seen])
+    beta, alpha = np.polyfit(m, t, 1)
+    if beta < 0:  # no faster on more workers: flat
+        alpha, beta = float(np.mean(t)), 0.0
+    elif alpha < 0:
+        alpha, beta = 0.0, float(np.sum(m * t) / np.sum(m * m))
+    return ThroughputModel(float(alpha), float(beta))
 
 
 def job_view(row: JobRow, now: float, peers: Sequence[JobRow]) -> JobView:
@@ -122,3 +139,16 @@ def targets(
             free -= max(bigger) - out[r.id]
             out[r.id] = max(bigger)
     return out
+
+
+def useful_workers(rows: Sequence[JobRow], now: float, max_workers: int) -> int:
+    """Workers the live jobs would use well (Pollux's cloud mode, §4.3: each job up to the
+    size where its goodput per worker is still half its goodput on one, at most its most):
+    what the scheduler asks Ray's autoscaler for."""
+    live = [r for r in rows if not r.state.ended]
+    if not live:
+        return 0
+    views = [job_view(r, now, [p for p in rows if p.name == r.name]) for r in live]
+    useful = useful_gpus(views, max_workers, max_workers)
+    return int(sum(_down_to(r.sizes, int(k)) or r.sizes[0] for r, k in zip(live, useful,
+                                                                         strict=True)))

@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from unipar.errors import ConfigError
 from unipar.runtime.gang import PROCESS_LOST
 from unipar.sched.policies import PolicyName, make_policy
-from unipar.service.decide import targets
+from unipar.service.decide import targets, useful_workers
 from unipar.service.state import JobRow, JobState, Store
 
 NAMESPACE = "unipar"
@@ -42,6 +42,7 @@ class Scheduler:
         self.policy = make_policy(self.policy_name)
         self.interval_s = interval_s
         self.runners: dict[int, Any] = {}
+        self.requested = 0  # workers asked of Ray's autoscaler (0: none)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._adopt()
@@ -52,7 +53,8 @@ class Scheduler:
 
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "policy": self.policy_name.value,
-                "interval_s": self.interval_s, "state_dir": str(self.state_dir)}
+                "interval_s": self.interval_s, "state_dir": str(self.state_dir),
+                "requested": self.requested}
 
     def submit(self, row: JobRow, job: bytes) -> int:
         with self._lock:
@@ -129,7 +131,9 @@ class Scheduler:
         for row in self.store.rows(JobState.RUNNING):
             self._poll(row, now)
         rows = self.store.rows(JobState.QUEUED, JobState.RUNNING)
-        decided = targets(self.policy, rows, cluster_slots(), now, self.interval_s)
+        slots = cluster_slots()
+        decided = targets(self.policy, rows, slots, now, self.interval_s)
+        self._autoscale(useful_workers(rows, now, sum(r.most for r in rows)), slots)
         for row in rows:
             count = decided.get(row.id, 0)
             if row.state is JobState.QUEUED and count > 0:
@@ -138,6 +142,16 @@ class Scheduler:
                 self.runners[row.id].set_target.remote(count)
                 self.store.update(row.id, target=count)
                 self.store.event(row.id, f"size {row.target} -> {count}")
+
+    def _autoscale(self, useful: int, slots: int) -> None:
+        """Ask Ray's autoscaler for room for the useful workers when the cluster lacks
+        it; withdraw the request once it does not (the autoscaler then may scale down)."""
+        from ray.autoscaler.sdk import request_resources
+
+        want = useful if useful > slots else 0
+        if want != self.requested:
+            request_resources(bundles=[{"CPU": 1.0}] * want)
+            self.requested = want
 
     def _poll(self, row: JobRow, now: float) -> None:
         try:
