@@ -129,23 +129,25 @@ def test_store_keeps_jobs_and_history(tmp_path):
     assert "0/100 (0%)" in client.format_jobs([row])
 
 
-def test_cli_refuses_bad_input_before_touching_a_cluster(tmp_path):
-    """No cluster recorded, a job file with no ``job``, a deadline in the past."""
+def test_bad_submissions_are_refused_before_touching_a_cluster(tmp_path, capsys):
+    """No cluster recorded (a fresh process), a job file with no ``job``, a deadline in
+    the past: each a clear error, nothing started."""
+    from unipar.cli import main
+    from unipar.job_file import load_job
+
+    code = "import sys; from unipar.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "submit", "gpt-stdlib", "--state-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2 and "no cluster to submit to" in done.stderr, done.stderr
+    assert "run `unipar up` first" in done.stderr
     empty = tmp_path / "no-job.py"
     empty.write_text("x = 1\n")
-    code = (
-        "import sys; from unipar.cli import main; sys.exit(main(sys.argv[1:]))"
-    )
-    cases = [
-        (["submit", "gpt-stdlib", "--state-dir", str(tmp_path)], "no cluster to submit to"),
-        (["submit", str(empty), "--address", "127.0.0.1:1"], "must define `job`"),
-        (["submit", "gpt-stdlib", "--deadline", "2001-01-01T00:00"], "deadline must be ahead"),
-    ]
-    for argv, message in cases:
-        done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
-                              text=True, timeout=120)
-        assert done.returncode == 2, done.stderr
-        assert message in done.stderr, done.stderr
+    with pytest.raises(ConfigError, match=r"must define `job`.*defines no `job`"):
+        load_job(str(empty))
+    assert main(["submit", "gpt-stdlib", "--deadline", "2001-01-01T00:00"]) == 2
+    assert "deadline must be ahead of now" in capsys.readouterr().err
 
 
 # -- live ------------------------------------------------------------------------------------

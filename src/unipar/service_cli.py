@@ -82,6 +82,7 @@ def _submit(args: argparse.Namespace) -> int:
     check_target(args.target)
     least, most = client.check_workers(args.workers)
     client.parse_deadline(args.deadline)  # refused before the job file runs
+    client.connect(args.address, args.state_dir)  # no cluster: said before loading the job
     job = load_job(args.target)
     if args.steps is not None:
         job = dataclasses.replace(job, steps=validate.integer("--steps", args.steps, minimum=1))
