@@ -34,6 +34,8 @@ _EXPORTS = {
     "fit": "unipar.runtime.fit",
     "load_model_state": "unipar.runtime",
     "tune": "unipar.tuning.api",
+    "submit": "unipar.service.client",
+    "JobHandle": "unipar.service.client",
     "TuneResult": "unipar.tuning.api",
 }
 

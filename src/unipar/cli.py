@@ -16,6 +16,7 @@ from unipar.plan import Plan, Strategy
 from unipar.plan_cli import add_plan_parser
 from unipar.report_cli import add_report_parser
 from unipar.sched_cli import add_simulate_parser
+from unipar.service_cli import add_service_parsers
 from unipar.tuning.cli import add_tune_parser
 
 if TYPE_CHECKING:
@@ -219,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_parser(commands)
     add_simulate_parser(commands)
     add_tune_parser(commands)
+    add_service_parsers(commands)
     return parser
 
 

@@ -60,7 +60,7 @@ def load_job(target: str) -> Job:
     if not isinstance(job, Job):
         raise ConfigError(
             f"{path} must define `job`, a unipar.Job or a function returning one, "
-            f"but it defines {type(job).__name__}"
+            f"but it defines {'no `job`' if job is None else type(job).__name__}"
         )
     return job
 

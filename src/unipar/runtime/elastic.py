@@ -17,7 +17,10 @@ process group under one plan. The controller follows its step reports and:
   up, the gang stops at the next step boundary, snapshots its state to memory and
   re-forms with them: no step lost;
 - **drain**: a node that Ray is draining (preemption notice, autoscaler scale-down)
-  has its workers leave the same way, at a step boundary: no step lost.
+  has its workers leave the same way, at a step boundary: no step lost;
+- **size target** (:mod:`unipar.runtime.size_target`): an outside decision (the shared
+  cluster's scheduler) bounds the gang: workers past it leave as from a draining node,
+  and the gang grows only up to it.
 
 After each event the plan is derived again for the new size (the planner, for a
 strategy; :func:`resize_plan` for a given plan), a fresh rendezvous is handed out
@@ -55,6 +58,7 @@ from unipar.runtime.gang import PROCESS_LOST, Member, Stream, Supervisor, on_dra
 from unipar.runtime.metrics import MetricsWriter, StepAggregator
 from unipar.runtime.progress import ProgressBar
 from unipar.runtime.rendezvous import RendezvousHost
+from unipar.runtime.size_target import bounded
 from unipar.runtime.snapshot import SnapshotPart
 from unipar.runtime.tracing import TraceBatch
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
@@ -111,8 +115,10 @@ class ElasticController:
         resume_from: Path | None,
         metrics: MetricsWriter,
         callbacks: Sequence[Callback] = (),
+        size_target: Callable[[], int | None] | None = None,
     ) -> None:
         self.job, self.config, self.plan_for = job, config, plan_for
+        self.size_target = size_target
         self.resume_from = resume_from
         self.metrics, self.callbacks = metrics, callbacks
         self.policy = CheckpointPolicy(
@@ -153,7 +159,7 @@ class ElasticController:
         config = self.config
         members: list[Member] = []
         try:
-            wanted = max(config.least_workers, min(config.workers, self.supervisor.room()))
+            wanted = max(config.least_workers, min(self._most(), self.supervisor.room()))
             members = self.supervisor.start(wanted, config.placement_timeout_s)
             members = self._at_least_min(members)
             source = _Source(step=0, resume_from=self.resume_from)
@@ -291,8 +297,13 @@ class ElasticController:
             if not dead and not stop_requested and now >= next_check:
                 next_check = now + _CLUSTER_CHECK_S
                 leaving = on_draining_nodes(members)
+                excess = len(members) - self._most()
                 if leaving:
                     reason = f"node {leaving[0].node_ip} draining"
+                elif excess > 0:
+                    self.supervisor.cancel_pending()
+                    leaving = members[-excess:]
+                    reason = f"size target {self._most()}"
                 else:
                     joiners += self.supervisor.take_started()
                     reason = self._grow(len(members), joiners)
@@ -306,7 +317,7 @@ class ElasticController:
     def _grow(self, size: int, joiners: list[Member]) -> str:
         """Start workers in the background while there is room; once they are up,
         the reason to re-form with them (else "")."""
-        room_left = self.config.workers - size - len(joiners) - len(self.supervisor.pending)
+        room_left = self._most() - size - len(joiners) - len(self.supervisor.pending)
         if room_left > 0 and not self.supervisor.pending:
             free = self.supervisor.room()
             if free > 0:
@@ -350,7 +361,7 @@ class ElasticController:
         self.supervisor.kill(end.dead)
         survivors = [m for m in members if m not in gone]
         new = self._at_least_min(survivors + end.joiners)
-        new = new[: self._usable(len(new))]
+        new = new[: self._usable(min(len(new), max(self._most(), len(survivors))))]
         source = self._state_source(members, end, new)
         self.supervisor.kill(end.leaving + [m for m in survivors + end.joiners if m not in new])
         self.aggregator_flush(source.step)
@@ -363,6 +374,11 @@ class ElasticController:
         for callback in self.callbacks:
             callback.on_resize(event)
         return new, source
+
+    def _most(self) -> int:
+        """The most workers now: the size target's, within the job's range."""
+        target = self.size_target() if self.size_target is not None else None
+        return bounded(target, self.config.least_workers, self.config.workers)
 
     def _usable(self, size: int) -> int:
         """The largest size up to ``size`` that the plan can be derived for."""

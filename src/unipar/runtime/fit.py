@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -87,6 +87,7 @@ def fit(
     elastic: bool = True,
     snapshot_every: int | None = None,
     trace_steps: int | None = None,
+    size_target: Callable[[], int | None] | None = None,
 ) -> FitResult:
     """Train ``job`` on ``workers`` Ray worker processes and return its history.
 
@@ -104,6 +105,9 @@ def fit(
     :mod:`unipar.runtime.tracing`) and write ``RUN_DIR/trace.json``, ``timeline.png``
     (measured under the cost model's prediction) and the measured vs predicted table,
     also in :meth:`FitResult.summary`. Off (``None``), nothing is timed.
+
+    ``size_target``: an outside bound on an elastic run's size, asked about once a second
+    (see :mod:`unipar.runtime.size_target`; the shared cluster's scheduler sets it).
 
     Joins the Ray instance of this process if there is one, else ``address``, else
     starts an embedded local cluster. Every input is checked (:mod:`unipar.validate`)
@@ -166,6 +170,7 @@ def fit(
                     resume_from=resume_from,
                     metrics=metrics,
                     callbacks=callbacks,
+                    size_target=size_target,
                 )
             else:
                 controller = Controller(

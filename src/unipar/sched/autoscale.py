@@ -67,6 +67,15 @@ def _goodput(jobs: Sequence[JobView], max_gpus: int, gpn: int):
     return np.maximum(table.goodput, 1e-300), allowed
 
 
+def useful_gpus(
+    jobs: Sequence[JobView], max_gpus: int, gpus_per_node: int, efficiency: float = 0.5
+) -> np.ndarray:
+    """Each job's useful GPUs (Pollux §4.3): the most at which its goodput per GPU is still
+    ``efficiency`` of its goodput on one GPU, at most twice what it or its peers ran on."""
+    goodput, allowed = _goodput(jobs, max_gpus, gpus_per_node)
+    return _demand_gpus(goodput, allowed, efficiency)
+
+
 def _price_gpus(goodput: np.ndarray, allowed: np.ndarray, price: float) -> np.ndarray:
     k = np.arange(1, goodput.shape[1] + 1)
     cost = np.where(allowed, (1.0 + price * k[None, :]) / goodput, np.inf)

@@ -1,0 +1,154 @@
+"""One scheduling round of the live service: jobs' reports in, worker counts out (pure).
+
+The policy is a :mod:`unipar.sched` policy, the same object ``unipar simulate`` drives.
+Workers stand for the policy's GPUs (one Ray worker of ``cpus_per_worker`` CPUs each) on
+one node of ``slots`` workers: Ray places the workers. Each job's throughput model is
+fitted (:func:`unipar.sched.throughput.fit`, Pollux §3.2) on the mean step time it reported
+at each size; gradient statistics are not reported yet, so every batch counts fully
+(``grad_sqr=1, grad_var=0``: efficiency 1) and the runtime keeps each job's global batch
+(the policy's batch choice is not applied). The policy's counts are then fitted to what a
+job can run on: a size its plan takes (``sizes``), at least its minimum for a running job,
+and, for a job that runs, any workers the policy left idle, in queue order, up to its
+maximum (work-conserving: the goodput policy explores at most twice the size a job has
+been seen at, Pollux §4.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from unipar.errors import ConfigError
+from unipar.sched.autoscale import useful_gpus
+from unipar.sched.cluster import Cluster
+from unipar.sched.policy import Allocation, JobView, Policy, RoundState
+from unipar.sched.throughput import Observation, ThroughputModel, fit
+from unipar.service.state import JobRow, JobState
+
+RESIZE_S = 3.0  # seconds an elastic resize costs (a new worker's start), for the policy
+PRIORITY_S = 86_400.0  # a priority of N queues a job as if submitted N days earlier
+
+
+def worker_sizes(least: int, most: int, batch: int) -> tuple[int, ...]:
+    """The worker counts from ``least`` to ``most`` that a data-parallel run of global
+    batch ``batch`` takes (the batch splits evenly over the workers)."""
+    sizes = tuple(n for n in range(least, most + 1) if batch % n == 0)
+    if not sizes:
+        raise ConfigError(
+            f"workers {least}:{most} holds no count that divides the global batch "
+            f"{batch}; use a range that holds one of "
+            f"{[n for n in range(1, batch + 1) if batch % n == 0][:8]}"
+        )
+    return sizes
+
+
+def observations(row: JobRow) -> list[Observation]:
+    """The mean step time at each size the job ran at."""
+    return [
+        Observation(nodes=1, replicas=k, local_bsz=row.batch / k, step_time=sec / n,
+                    sync_time=0.0)
+        for k, (n, sec) in sorted((row.step_times or {}).items())
+        if n > 0
+    ]
+
+
+def _model(rows: Sequence[JobRow]) -> ThroughputModel | None:
+    """Pollux's model fitted on the jobs' step times. With a fixed global batch one
+    worker always runs the whole batch, so Pollux's compute line (fitted on single-worker
+    steps) would see one per-worker batch only; once sizes differ, the line
+    T = α + β·m is fitted over every size's per-worker batch m = M/k instead (least
+    squares, α, β ≥ 0; synchronisation folded into it)."""
+    seen = [o for r in rows for o in observations(r)]
+    if len({o.local_bsz for o in seen}) < 2:
+        return fit(seen) if seen else None
+    m = np.array([o.local_bsz for o in seen])
+    t = np.array([o.step_time for o in seen])
+    beta, alpha = np.polyfit(m, t, 1)
+    if beta < 0:  # no faster on more workers: flat
+        alpha, beta = float(np.mean(t)), 0.0
+    elif alpha < 0:
+        alpha, beta = 0.0, float(np.sum(m * t) / np.sum(m * m))
+    return ThroughputModel(float(alpha), float(beta))
+
+
+def job_view(row: JobRow, now: float, peers: Sequence[JobRow]) -> JobView:
+    """``row`` as the policy sees it; ``peers``: jobs of the same name (application)."""
+    running = row.state is JobState.RUNNING and row.target > 0
+    return JobView(
+        name=str(row.id),
+        submit_time=row.submitted - PRIORITY_S * row.priority,
+        requested_replicas=max(row.sizes),
+        requested_batch=row.batch,
+        init_batch=row.batch,
+        max_batch=2 * row.batch,
+        min_local=1,
+        max_local=row.batch,
+        progress=float(row.step),
+        attained_service=row.worker_seconds,
+        run_time=now - row.started if row.started else 0.0,
+        restarts=row.restarts,
+        max_replicas_seen=row.max_seen,
+        allocation=Allocation(((0, row.target),), max(1, row.batch // row.target))
+        if running else None,
+        model=_model([row]),
+        grad_sqr=1.0,
+        grad_var=0.0,
+        user=row.user,
+        peer_model=_model(peers),
+        peer_max_replicas=max((p.max_seen for p in peers), default=0),
+        deadline=row.deadline,
+        remaining_progress=float(row.steps - row.step),
+    )
+
+
+def _down_to(sizes: Sequence[int], count: int) -> int:
+    """The largest size up to ``count`` (0 when none)."""
+    return max((s for s in sizes if s <= count), default=0)
+
+
+def targets(
+    policy: Policy, rows: Sequence[JobRow], slots: int, now: float, interval_s: float
+) -> dict[int, int]:
+    """Workers for each queued or running job (0: stays queued) on ``slots`` workers."""
+    live = [r for r in rows if not r.state.ended]
+    if not live or slots < 1:
+        return {r.id: r.target for r in live}
+    usable = {r.id: tuple(s for s in r.sizes if s <= slots) for r in live}
+    views = [job_view(r, now, [p for p in rows if p.name == r.name]) for r in live]
+    state = RoundState(now=now, cluster=Cluster.uniform(1, slots), jobs=views,
+                       available_nodes=(0,), restart_seconds=RESIZE_S, interval=interval_s)
+    wanted = {int(name): a.replicas for name, a in policy.allocate(state).items()}
+    order = sorted(live, key=lambda r: (r.target == 0, r.submitted - PRIORITY_S * r.priority))
+    out: dict[int, int] = {}
+    free = slots
+    for r in order:  # running jobs first, then the queue in order
+        sizes = usable[r.id]
+        count = _down_to(sizes, wanted.get(r.id, 0))
+        if r.target > 0:  # a running job keeps at least its least size
+            count = max(count, sizes[0] if sizes else r.target)
+        if count > free:
+            count = _down_to(sizes, free) if r.target > 0 else 0
+        out[r.id] = count
+        free -= count
+    for r in order:  # hand out what is left, to jobs that run, up to their most
+        if out[r.id] == 0:
+            continue
+        bigger = [s for s in usable[r.id] if out[r.id] < s <= out[r.id] + free]
+        if bigger:
+            free -= max(bigger) - out[r.id]
+            out[r.id] = max(bigger)
+    return out
+
+
+def useful_workers(rows: Sequence[JobRow], now: float, max_workers: int) -> int:
+    """Workers the live jobs would use well (Pollux's cloud mode, §4.3: each job up to the
+    size where its goodput per worker is still half its goodput on one, at most its most):
+    what the scheduler asks Ray's autoscaler for."""
+    live = [r for r in rows if not r.state.ended]
+    if not live:
+        return 0
+    views = [job_view(r, now, [p for p in rows if p.name == r.name]) for r in live]
+    useful = useful_gpus(views, max_workers, max_workers)
+    return int(sum(_down_to(r.sizes, int(k)) or r.sizes[0] for r, k in zip(live, useful,
+                                                                         strict=True)))

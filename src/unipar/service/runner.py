@@ -1,0 +1,140 @@
+"""One job of the shared cluster: a Ray actor that runs ``fit`` under the scheduler's size.
+
+The scheduler starts one detached, named runner per job on the head node; the runner's
+thread runs :func:`unipar.fit` with an elastic worker range and a
+:class:`~unipar.runtime.size_target.SizeTarget` the scheduler sets, and collects what
+the scheduler reads each round: steps done, workers, mean step time per size, resizes.
+The training workers belong to the runner's process, so they outlive a scheduler that
+dies (the runner is detached) and go with the runner when a job is cancelled.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from unipar.runtime.controller import Callback
+from unipar.runtime.size_target import SizeTarget
+
+WARMUP_STEPS = 2  # steps after each (re)formation left out of the step times
+
+
+@dataclass
+class RunnerStatus:
+    """What the runner reports to the scheduler."""
+
+    state: str = "running"  # running, done, failed
+    step: int = 0
+    workers: int = 0
+    step_times: dict[int, tuple[int, float]] = field(default_factory=dict)
+    steps_per_s: float = 0.0
+    resizes: list[str] = field(default_factory=list)
+    error: str = ""
+    summary: str = ""
+
+
+class JobRunner:
+    """The Ray actor (see the module's docstring). ``job``: the pickled Job."""
+
+    def __init__(self, job_id: int, job: bytes, options: dict[str, Any], run_dir: str,
+                 log_path: str) -> None:
+        import ray.cloudpickle
+
+        self.job_id = job_id
+        self.job = ray.cloudpickle.loads(job)
+        self.options = options
+        self.run_dir, self.log_path = Path(run_dir), Path(log_path)
+        self.target = SizeTarget()
+        self.status_ = RunnerStatus()
+        self._lock = threading.Lock()
+        self._since_formed = 0
+        self._thread: threading.Thread | None = None
+
+    def start(self, workers: tuple[int, int], target: int) -> None:
+        """Train on ``workers`` (least, most), bounded by ``target`` (once; a second call
+        only sets the target)."""
+        self.target.set(target)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, args=(workers,), daemon=True)
+            self._thread.start()
+
+    def set_target(self, target: int) -> None:
+        self.target.set(target)
+
+    def status(self) -> RunnerStatus:
+        with self._lock:
+            s = self.status_
+            return RunnerStatus(s.state, s.step, s.workers, dict(s.step_times), s.steps_per_s,
+                                list(s.resizes), s.error, s.summary)
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    # -- in the runner's thread -----------------------------------------------------------
+
+    def _log(self, text: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        with self.log_path.open("a") as log:
+            log.write(f"{stamp} {text}\n")
+
+    def _run(self, workers: tuple[int, int]) -> None:
+        from unipar.runtime.fit import fit
+
+        least, most = workers
+        self._log(f"job {self.job_id} ({self.job.name}): {self.job.steps} steps on "
+                  f"{least}..{most} workers, global batch {self.job.global_batch_size}")
+        try:
+            result = fit(self.job, workers=workers, run_dir=self.run_dir, progress=False,
+                         size_target=self.target, callbacks=[_Reporter(self)], **self.options)
+        except BaseException as error:  # the job's own failure: reported, not raised
+            first = str(error).splitlines()[0] if str(error) else ""
+            with self._lock:
+                self.status_.state = "failed"
+                self.status_.error = f"{type(error).__name__}: {first}"
+            self._log("failed:\n" + "".join(traceback.format_exception(error)))
+            return
+        summary = result.summary()
+        self._log(summary)
+        with self._lock:
+            self.status_.state, self.status_.summary = "done", summary
+            self.status_.step = len(result.history)
+
+    def _on_step(self, metrics: Any, size: int) -> None:
+        with self._lock:
+            s = self.status_
+            if size != s.workers:
+                self._since_formed = 0
+            s.step, s.workers = metrics.step + 1, size
+            self._since_formed += 1
+            if self._since_formed > WARMUP_STEPS:
+                n, sec = s.step_times.get(size, (0, 0.0))
+                s.step_times[size] = (n + 1, sec + metrics.step_time_s)
+                s.steps_per_s = (n + 1) / max(sec + metrics.step_time_s, 1e-9)
+        if metrics.step % max(1, self.job.steps // 10) == 0:
+            self._log(f"step {metrics.step + 1}/{self.job.steps} loss {metrics.loss:.4f} "
+                      f"on {size} workers")
+
+    def _on_resize(self, event: Any) -> None:
+        with self._lock:
+            self.status_.resizes.append(str(event))
+            self._since_formed = 0
+        self._log(f"resize {event}")
+
+
+class _Reporter(Callback):
+    """Passes the controller's step and resize events to the runner."""
+
+    def __init__(self, runner: JobRunner) -> None:
+        self.runner = runner
+
+    def on_step(self, metrics, workers):  # type: ignore[no-untyped-def]
+        self.runner._on_step(metrics, len(workers))
+
+    def on_resize(self, event):  # type: ignore[no-untyped-def]
+        self.runner._on_resize(event)

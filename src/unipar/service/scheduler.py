@@ -1,0 +1,245 @@
+"""The scheduler: a detached Ray actor on the head node that alone places and sizes jobs.
+
+Every ``interval_s`` it reads each running job's runner (steps, workers, step times,
+resizes), records them in the store (:mod:`unipar.service.state`), runs the policy
+(:mod:`unipar.service.decide`) and sets each runner's size target: a shrinking job's
+workers leave at a step boundary, a growing one's join when the room is free; a queued
+job starts when the policy gives it workers. It is started with ``max_restarts=-1``: if its
+process dies Ray starts it again, and the new one reads the store and adopts the runners
+still alive (they are detached and named ``unipar-job-<store token>-<id>``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from unipar.errors import ConfigError
+from unipar.runtime.gang import PROCESS_LOST
+from unipar.sched.policies import PolicyName, make_policy
+from unipar.service.decide import targets, useful_workers
+from unipar.service.state import JobRow, JobState, Store
+
+NAMESPACE = "unipar"
+SCHEDULER_NAME = "unipar-scheduler"
+STATUS_TIMEOUT_S = 10.0
+
+
+class Scheduler:
+    """The actor (see the module's docstring)."""
+
+    def __init__(self, state_dir: str, policy: str, interval_s: float) -> None:
+        self.state_dir = Path(state_dir)
+        self.store = Store(self.state_dir / "unipar.sqlite")
+        self.token = self.store.token()
+        self.policy_name = PolicyName(policy)
+        self.policy = make_policy(self.policy_name)
+        self.interval_s = interval_s
+        self.runners: dict[int, Any] = {}
+        self.requested = 0  # workers asked of Ray's autoscaler (0: none)
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._adopt()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="unipar-rounds")
+        self._thread.start()
+
+    # -- calls from clients ---------------------------------------------------------------
+
+    def ping(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "policy": self.policy_name.value,
+                "interval_s": self.interval_s, "state_dir": str(self.state_dir),
+                "requested": self.requested}
+
+    def submit(self, row: JobRow, job: bytes) -> int:
+        with self._lock:
+            job_id = self.store.add(row, job)
+            self.store.update(job_id, run_dir=str(self.state_dir / "runs" / str(job_id)),
+                              runner=f"unipar-job-{self.token}-{job_id}")
+            self.store.event(job_id, f"submitted by {row.user or '-'}: {row.name}, workers "
+                             f"{row.least}:{row.most}, priority {row.priority}")
+        return job_id
+
+    def jobs(self) -> list[JobRow]:
+        return self.store.rows()
+
+    def events(self, job_id: int) -> list[tuple[float, str]]:
+        self._known(job_id)
+        return self.store.events(job_id)
+
+    def logs(self, job_id: int) -> str:
+        row = self._known(job_id)
+        lines = [f"{time.strftime('%H:%M:%S', time.localtime(t))} [scheduler] {text}"
+                 for t, text in self.store.events(job_id)]
+        log = self._log_path(row.id)
+        return "\n".join(lines) + ("\n" + log.read_text() if log.exists() else "")
+
+    def cancel(self, job_id: int) -> JobRow:
+        with self._lock:
+            row = self._known(job_id)
+            if row.state.ended:
+                raise ConfigError(
+                    f"job {job_id} has already ended ({row.state.value}); nothing to cancel "
+                    "(`unipar jobs` shows which jobs are queued or running)"
+                )
+            self._end(row, JobState.CANCELLED, "cancelled")
+            return self._known(job_id)
+
+    def shutdown(self) -> None:
+        """Stop the rounds and every running job (``unipar down``)."""
+        self._stop.set()
+        self._thread.join(timeout=2 * self.interval_s + STATUS_TIMEOUT_S)
+        with self._lock:
+            for row in self.store.rows(JobState.QUEUED, JobState.RUNNING):
+                self._end(row, JobState.CANCELLED, "the service was stopped (unipar down)")
+            self.store.close()
+
+    def round_now(self) -> None:
+        """One round at once (else every ``interval_s``)."""
+        with self._lock:
+            self._round()
+
+    # -- rounds ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                with self._lock:
+                    if not self._stop.is_set():
+                        self._round()
+            except Exception as error:  # a round that fails is retried at the next one
+                print(f"unipar scheduler: round failed: {type(error).__name__}: {error}",
+                      flush=True)
+
+    def _adopt(self) -> None:
+        for row in self.store.rows(JobState.RUNNING):
+            try:
+                self.runners[row.id] = ray.get_actor(row.runner, namespace=NAMESPACE)
+                self.store.event(row.id, "adopted by a restarted scheduler")
+            except ValueError:
+                self.store.update(row.id, state=JobState.FAILED, ended=time.time(),
+                                  error="its runner was lost while the scheduler was down")
+                self.store.event(row.id, "failed: runner lost while the scheduler was down")
+
+    def _round(self) -> None:
+        now = time.time()
+        for row in self.store.rows(JobState.RUNNING):
+            self._poll(row, now)
+        rows = self.store.rows(JobState.QUEUED, JobState.RUNNING)
+        slots = cluster_slots()
+        decided = targets(self.policy, rows, slots, now, self.interval_s)
+        self._autoscale(useful_workers(rows, now, sum(r.most for r in rows)), slots)
+        for row in rows:
+            count = decided.get(row.id, 0)
+            if row.state is JobState.QUEUED and count > 0:
+                self._start(row, count)
+            elif row.state is JobState.RUNNING and count != row.target and count > 0:
+                self.runners[row.id].set_target.remote(count)
+                self.store.update(row.id, target=count)
+                self.store.event(row.id, f"size {row.target} -> {count}")
+
+    def _autoscale(self, useful: int, slots: int) -> None:
+        """Ask Ray's autoscaler for room for the useful workers when the cluster lacks
+        it; withdraw the request once it does not (the autoscaler then may scale down)."""
+        from ray.autoscaler.sdk import request_resources
+
+        want = useful if useful > slots else 0
+        if want != self.requested:
+            request_resources(bundles=[{"CPU": 1.0}] * want)
+            self.requested = want
+
+    def _poll(self, row: JobRow, now: float) -> None:
+        try:
+            runner = self.runners.get(row.id) or ray.get_actor(row.runner, namespace=NAMESPACE)
+            self.runners[row.id] = runner
+            status = ray.get(runner.status.remote(), timeout=STATUS_TIMEOUT_S)
+        except (ValueError, *PROCESS_LOST):
+            self._end(row, JobState.FAILED, "its runner process was lost")
+            return
+        except ray.exceptions.GetTimeoutError:
+            return
+        for text in status.resizes[row.restarts:]:
+            self.store.event(row.id, f"resize {text}")
+        self.store.update(
+            row.id, step=status.step, workers=status.workers, step_times=status.step_times,
+            steps_per_s=status.steps_per_s, restarts=len(status.resizes),
+            max_seen=max(row.max_seen, status.workers),
+            worker_seconds=row.worker_seconds + status.workers * self.interval_s,
+        )
+        if status.state == "done":
+            self._end(row, JobState.DONE, "done")
+        elif status.state == "failed":
+            self._end(row, JobState.FAILED, f"failed: {status.error}", error=status.error)
+
+    def _start(self, row: JobRow, count: int) -> None:
+        from unipar.service.runner import JobRunner
+
+        sizes = [s for s in row.sizes if s <= max(count, cluster_slots())]
+        log = self._log_path(row.id)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        job, options = _load(self.store.job(row.id))
+        runner = (
+            ray.remote(JobRunner)
+            .options(name=row.runner, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
+                     max_concurrency=4, scheduling_strategy=here())
+            .remote(row.id, job, options, row.run_dir, str(log))
+        )
+        runner.start.remote((sizes[0], sizes[-1]), count)
+        self.runners[row.id] = runner
+        self.store.update(row.id, state=JobState.RUNNING, started=time.time(), target=count)
+        self.store.event(row.id, f"started on {count} workers")
+
+    def _end(self, row: JobRow, state: JobState, text: str, **changes: Any) -> None:
+        runner = self.runners.pop(row.id, None)
+        if runner is not None:
+            ray.kill(runner, no_restart=True)  # its training workers go with it
+        self.store.update(row.id, state=state, ended=time.time(), target=0, **changes)
+        self.store.event(row.id, text)
+
+    def _known(self, job_id: int) -> JobRow:
+        row = self.store.row(job_id)
+        if row is None:
+            ids = [r.id for r in self.store.rows()]
+            known = f"{min(ids)}..{max(ids)}" if ids else "none yet"
+            raise ConfigError(
+                f"there is no job {job_id} on this cluster (job ids: {known}); `unipar jobs` "
+                "lists them"
+            )
+        return row
+
+    def _log_path(self, job_id: int) -> Path:
+        return self.state_dir / "logs" / f"{job_id}.log"
+
+
+def _load(blob: bytes) -> tuple[bytes, dict[str, Any]]:
+    """The pickled job (left pickled: the scheduler never imports torch) and its ``fit``
+    options, as :func:`unipar.service.client.submit` stored them."""
+    import ray.cloudpickle
+
+    return ray.cloudpickle.loads(blob)
+
+
+def cluster_slots(cpus_per_worker: float = 1.0) -> int:
+    """Workers of ``cpus_per_worker`` CPUs the live nodes hold in all."""
+    return sum(
+        int(node["Resources"].get("CPU", 0.0) // cpus_per_worker)
+        for node in ray.nodes()
+        if node["Alive"]
+    )
+
+
+def here() -> NodeAffinitySchedulingStrategy:
+    """On this process's node (the head: the store and the logs are there)."""
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
+def head() -> NodeAffinitySchedulingStrategy:
+    """On the cluster's head node."""
+    node = next(n for n in ray.nodes()
+                if n["Alive"] and "node:__internal_head__" in n["Resources"])
+    return NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)

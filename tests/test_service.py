@@ -1,0 +1,238 @@
+"""The shared cluster's scheduler service: pure rounds and bad input without Ray, then one
+live scenario on the session's 4-CPU Ray: job A runs on 4 workers, B arrives and A
+shrinks, the scheduler's process is SIGKILLed and Ray starts it again, the new one adopts
+both running jobs, A ends and B grows; each job's losses equal its run alone.
+
+Losses equal a single-process run of the same global batch and samples within rtol 1e-5:
+the workers compute the same samples, only the order of the gradient sums differs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray.cloudpickle
+import torch
+from reference_loop import single_process_losses
+
+from unipar.errors import ConfigError
+from unipar.job import Job, OptimizerSpec
+from unipar.models.mlp import MLP, MLPConfig
+from unipar.runtime.metrics import read_metrics
+from unipar.sched.policies import PolicyName, make_policy
+from unipar.service import client
+from unipar.service.decide import targets, useful_workers, worker_sizes
+from unipar.service.state import JobRow, JobState, Store
+from unipar.testing import RandomRegression, mse_loss
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class SlowRegression(RandomRegression):
+    """Each sample takes ``delay`` seconds, so a job runs long enough to be resized."""
+
+    def __init__(self, size: int, delay: float, seed: int) -> None:
+        super().__init__(size, 16, 4, seed=seed)
+        self.delay = delay
+
+    def __getitem__(self, index: int):  # type: ignore[no-untyped-def]
+        if self.delay:
+            time.sleep(self.delay)
+        return super().__getitem__(index)
+
+
+def mlp_job(name: str, steps: int, seed: int, delay: float = 0.005) -> Job:
+    config = MLPConfig(in_features=16, hidden=32, layers=2, out_features=4, expansion=4)
+    return Job(
+        name=name,
+        model=functools.partial(MLP, config),
+        dataset=functools.partial(SlowRegression, 512, delay, seed),
+        global_batch_size=8,
+        steps=steps,
+        optimizer=OptimizerSpec(lr=1e-2),
+        loss=mse_loss,
+        seed=seed,
+    )
+
+
+def _row(job_id: int, state: JobState, **fields) -> JobRow:  # type: ignore[no-untyped-def]
+    base = dict(id=job_id, name="mlp", user="u", priority=0, deadline=None, least=1, most=4,
+                sizes=(1, 2, 4), batch=8, steps=100, state=state, submitted=float(job_id))
+    return JobRow(**{**base, **fields})
+
+
+# -- pure ------------------------------------------------------------------------------------
+
+
+def test_rounds_share_and_give_back():
+    a = _row(1, JobState.RUNNING, started=1.0, target=4, workers=4, step=10, max_seen=4,
+             step_times={4: (10, 1.0)})
+    b = _row(2, JobState.QUEUED)
+    ours, fifo = make_policy(PolicyName.UNIPAR), make_policy(PolicyName.FIFO)
+    assert targets(ours, [a], 4, 10.0, 1.0) == {1: 4}  # alone: all of it
+    shared = targets(ours, [a, b], 4, 10.0, 1.0)
+    assert shared[1] < 4 and shared[2] >= 1 and sum(shared.values()) <= 4
+    assert targets(fifo, [a, b], 4, 10.0, 1.0) == {1: 4, 2: 0}  # FIFO: B waits
+    assert targets(ours, [b], 4, 10.0, 1.0) == {2: 4}  # A ended: B takes it all
+    # a size the job's batch cannot split over is never handed out
+    assert set(targets(ours, [_row(3, JobState.QUEUED, sizes=(1, 2, 4))], 3, 0, 1).values()) \
+        == {2}
+
+
+def test_autoscaler_request_counts_the_workers_that_pay_off():
+    """A job that scales asks for up to twice the size it was seen at (within its most);
+    one no faster on 2 workers than on 1 is flat, and asks for 2 at most (its goodput per
+    worker there is half its goodput on one: Pollux's bound, inclusive)."""
+    scales = _row(1, JobState.RUNNING, name="fast", most=8, sizes=(1, 2, 4, 8), target=2,
+                  max_seen=2, step_times={1: (10, 1.0), 2: (10, 0.5)})
+    stalls = _row(2, JobState.RUNNING, name="slow", target=2, max_seen=2,
+                  step_times={1: (10, 1.0), 2: (10, 1.5)})
+    assert useful_workers([scales], 0.0, 16) == 4
+    assert useful_workers([stalls], 0.0, 16) == 2
+    assert useful_workers([scales, stalls], 0.0, 16) == 6
+    assert useful_workers([], 0.0, 16) == 0
+
+
+def test_worker_sizes_and_deadlines():
+    assert worker_sizes(1, 8, 12) == (1, 2, 3, 4, 6)
+    with pytest.raises(ConfigError, match="divides the global batch 7"):
+        worker_sizes(2, 6, 7)
+    now = 1_800_000_000.0  # 2027
+    assert client.parse_deadline("+2h", now) == now + 7200
+    with pytest.raises(ConfigError, match=r"in the past.*\+2h"):
+        client.parse_deadline("2001-01-01T00:00", now)
+    with pytest.raises(ConfigError, match="ISO 8601"):
+        client.parse_deadline("tomorrow", now)
+    with pytest.raises(ConfigError, match="must not exceed"):
+        client.check_workers((4, 2))
+
+
+def test_store_keeps_jobs_and_history(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    job_id = store.add(_row(0, JobState.QUEUED), b"job")
+    store.update(job_id, state=JobState.RUNNING, step_times={2: (3, 1.5)})
+    store.event(job_id, "started")
+    token = store.token()
+    store.close()
+    again = Store(tmp_path / "s.sqlite")  # as a restarted scheduler reads it
+    row = again.row(job_id)
+    assert row is not None and row.state is JobState.RUNNING and row.step_times == {2: (3, 1.5)}
+    assert [text for _, text in again.events(job_id)] == ["started"]
+    assert again.token() == token and again.job(job_id) == b"job"
+    assert "0/100 (0%)" in client.format_jobs([row])
+
+
+def test_bad_submissions_are_refused_before_touching_a_cluster(tmp_path, capsys):
+    """No cluster recorded (a fresh process), a job file with no ``job``, a deadline in
+    the past: each a clear error, nothing started."""
+    from unipar.cli import main
+    from unipar.job_file import load_job
+
+    code = "import sys; from unipar.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "submit", "gpt-stdlib", "--state-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2 and "no cluster to submit to" in done.stderr, done.stderr
+    assert "run `unipar up` first" in done.stderr
+    empty = tmp_path / "no-job.py"
+    empty.write_text("x = 1\n")
+    with pytest.raises(ConfigError, match=r"must define `job`.*defines no `job`"):
+        load_job(str(empty))
+    assert main(["submit", "gpt-stdlib", "--deadline", "2001-01-01T00:00"]) == 2
+    assert "deadline must be ahead of now" in capsys.readouterr().err
+
+
+# -- live ------------------------------------------------------------------------------------
+
+
+def _wait(predicate, timeout_s: float = 90.0):  # type: ignore[no-untyped-def]
+    until = time.monotonic() + timeout_s
+    while time.monotonic() < until:
+        try:
+            value = predicate()
+        except Exception:  # the scheduler may be restarting
+            value = None
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out: {client.format_jobs(client.jobs())}")
+
+
+def _by_id(job_id: int) -> JobRow:
+    return next(r for r in client.jobs() if r.id == job_id)
+
+
+@pytest.fixture(scope="module")
+def shared_run(ray_cluster, tmp_path_factory):  # type: ignore[no-untyped-def]
+    state = tmp_path_factory.mktemp("service")
+    client.up(state_dir=state, interval_s=0.5, policy=PolicyName.UNIPAR)
+    jobs = {"a": mlp_job("job-a", 240, seed=0), "b": mlp_job("job-b", 320, seed=1)}
+    a = client.submit(jobs["a"], workers=(1, 4), checkpoint_every=10_000)
+    _wait(lambda: (r := _by_id(a.id)).workers == 4 and r.step >= 10)
+    b = client.submit(jobs["b"], workers=(1, 4), checkpoint_every=10_000)
+    shrunk = _wait(lambda: (r := _by_id(a.id)).workers < 4 and r)
+    # SIGKILL the scheduler's process while both run; Ray starts it again (max_restarts=-1)
+    scheduler = client.scheduler()
+    running = [r.id for r in client.jobs() if r.state is JobState.RUNNING]
+    old_pid = client.call(scheduler.ping.remote())["pid"]
+    os.kill(old_pid, signal.SIGKILL)
+    restarted = _wait(lambda: client.call(scheduler.ping.remote(), 5)["pid"] != old_pid)
+    done = [h.wait(timeout_s=150) for h in (a, b)]
+    history = {h.id: client.call(scheduler.events.remote(h.id)) for h in (a, b)}
+    rows = client.jobs()
+    log_b = b.logs()
+    with pytest.raises(ConfigError, match="no job 999"):
+        client.cancel(999)
+    with pytest.raises(ConfigError, match="already ended"):
+        client.cancel(a.id)
+    client.down()
+    yield dict(jobs=jobs, handles=(a, b), shrunk=shrunk, running=running, done=done,
+               history=history, rows=rows, restarted=restarted, log_b=log_b)
+
+
+def test_jobs_share_the_cluster_and_match_their_runs_alone(shared_run):
+    a, b = shared_run["handles"]
+    assert shared_run["shrunk"].workers < 4  # B arrived, A shrank
+    assert all(r.state is JobState.DONE for r in shared_run["done"])
+    b_texts = [text for _, text in shared_run["history"][b.id]]
+    # A ended and B grew past the size it had beside A
+    grew = [t for t in b_texts if t.startswith("resize ")]
+    assert grew and "resources free" in grew[-1], b_texts
+    a_texts = [text for _, text in shared_run["history"][a.id]]
+    assert any("size target" in t for t in a_texts), a_texts
+    for handle, key in ((a, "a"), (b, "b")):
+        job = shared_run["jobs"][key]
+        row = next(r for r in shared_run["rows"] if r.id == handle.id)
+        records = read_metrics(Path(row.run_dir) / "metrics.jsonl")
+        assert [r["step"] for r in records] == list(range(job.steps))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a tiny model: more threads only contend (57 s vs 1.4 s)
+        try:
+            alone, _ = single_process_losses(mlp_job(job.name, job.steps, job.seed, delay=0.0))
+        finally:
+            torch.set_num_threads(threads)
+        torch.testing.assert_close(torch.tensor([r["loss"] for r in records]),
+                                   torch.tensor(alone), rtol=1e-5, atol=1e-6)
+
+
+def test_a_killed_scheduler_comes_back_and_adopts_the_running_jobs(shared_run):
+    assert shared_run["restarted"]
+    assert len(shared_run["running"]) == 2  # both ran when the scheduler was killed
+    for handle in shared_run["handles"]:
+        texts = [text for _, text in shared_run["history"][handle.id]]
+        # the full history, from before the kill and after it
+        assert texts[0].startswith("submitted by")
+        assert sum(t.startswith("started on") for t in texts) == 1  # never started again
+        assert "adopted by a restarted scheduler" in texts
+        assert texts[-1] == "done"
+        assert not any("worker lost" in t for t in texts)  # the jobs went on
+    assert [r.state for r in shared_run["rows"]] == [JobState.DONE, JobState.DONE]
+    assert "unipar run summary" in shared_run["log_b"]
