@@ -17,22 +17,12 @@ ROW_BOUND, MEDIAN_BOUND = 0.15, 0.07
 
 # id: (error measured when this table was built, why)
 KNOWN_MISSES = {
-    "llama3_405b_8k_gpu16384": (
-        +0.191,
-        "the run used no activation checkpointing, which the memory model cannot fit in "
-        "80 GB (about 122 GiB per device), so the plan recomputes every second layer",
+    "llama3_405b_128k_gpu16384": (
+        -0.169,
+        "Llama 3's context parallelism all-gathers keys and values before attention, "
+        "latency exposed (Dubey et al. 2024, Sec. 3.3.2); the model's cp is a ring "
+        "hidden behind the attention compute",
     ),
-    "torchtitan_8b_fsdp128_h100": (
-        -0.230,
-        "eager PyTorch (torch.compile alone is 16% faster in torchtitan's table); "
-        "op-level selective checkpointing is not a planner option (searched instead)",
-    ),
-    "torchtitan_llama3_8b_fsdp64_a100": (
-        -0.205,
-        "eager PyTorch; op-level selective checkpointing is not a planner option "
-        "(searched: none fits)",
-    ),
-    "torchtitan_llama2_13b_sel_fsdp64_a100": (-0.225, "as torchtitan_llama3_8b_fsdp64_a100"),
 }
 
 
@@ -62,7 +52,6 @@ def test_known_misses_are_measured_as_recorded(outcomes):
         assert outcomes[row_id].error == pytest.approx(error, abs=0.03), row_id
 
 
-@pytest.mark.xfail(strict=True, reason="median |error| 14.0% with the misses above")
 def test_median_error_within_7_percent(outcomes):
     assert statistics.median(abs(o.error) for o in outcomes.values()) <= MEDIAN_BOUND
 
