@@ -15,7 +15,7 @@ import pytest
 from unipar import ConfigError
 from unipar.analysis import analyze
 from unipar.cluster import AttentionKernel, cluster_preset
-from unipar.models import LlamaConfig
+from unipar.models import LlamaConfig, llama3_8b, llama3_405b
 from unipar.models.hf_config import hf_spec
 from unipar.plan import Constraints, Mesh, Plan, Recompute, plan, search
 from unipar.plan.cost import CostModel, ring_time
@@ -25,15 +25,7 @@ from unipar.plan.representation import MeshAxis, Strategy
 from unipar.plan.runtime_support import Feature, plan_features, unsupported_features
 
 CONFIGS = Path(__file__).resolve().parent / "hf_configs"
-LLAMA_405B = LlamaConfig(
-    vocab_size=128256,
-    seq_len=8192,
-    hidden=16384,
-    layers=126,
-    heads=128,
-    kv_heads=8,
-    ffn_hidden=53248,
-)
+LLAMA_405B = llama3_405b(seq_len=8192)
 SMALL = LlamaConfig(vocab_size=1024, seq_len=512, hidden=512, layers=4, heads=8, kv_heads=2)
 
 
@@ -269,15 +261,7 @@ def test_hf_config_errors_name_the_rule(tmp_path):
 def test_hf_llama_costs_what_the_reference_llama_costs():
     """The same architecture through transformers and through unipar's Llama."""
     hf = hf_spec(CONFIGS / "llama3_8b.json", seq_len=256)
-    ours = LlamaConfig(
-        vocab_size=128256,
-        seq_len=256,
-        hidden=4096,
-        layers=32,
-        heads=32,
-        kv_heads=8,
-        ffn_hidden=14336,
-    ).spec()
+    ours = llama3_8b(seq_len=256).spec()
     a, b = (
         analyze(s.factory, s.sample_shape, hidden=s.hidden, attention_seq=256) for s in (hf, ours)
     )
