@@ -35,8 +35,9 @@ Sources of the formulas:
   every other matrix product's, and runs the other products and the memory-bound ops
   again (torchtitan, ``_save_list`` in its llama3 ``parallelize.py``);
 - context parallelism splits every sample's sequence over cp ranks (FLOPs, activations
-  and messages / cp); ring attention passes keys and values (cp-1) times per pass,
-  behind the attention compute (Liu et al. 2023); gradients reduce over dp x cp;
+  and messages / cp); keys and values are all-gathered once per pass, behind the
+  local chunk's attention only (PyTorch's default rotate method; Llama 3, Dubey et al.
+  2024, Sec. 3.3.2; ring attention, Liu et al. 2023); gradients reduce over dp x cp;
 - eager execution (one kernel per op) takes EAGER_SLOWDOWN times the fused kernels'
   compute time (torchtitan's eager and compiled runs of one plan; ``Kernels``);
 - a distributed optimizer (ZeRO-1) shards the optimizer state over dp x cp and turns the
@@ -255,13 +256,7 @@ def attention_time(
     if not layer.attention_matmuls:
         return 0.0
     device, tp = cluster.device, plan.mesh.tp
-    # Selective recompute runs it again; full, in the layers that recompute; the
-    # op-level policy saves a fused kernel's output but not the math path's products.
-    math = device.attention is AttentionKernel.MATH
-    selective = plan.recompute is Recompute.SELECTIVE or (
-        plan.recompute is Recompute.SELECTIVE_OP and math
-    )
-    again = 1.0 if selective else plan.recomputed_fraction
+    again = attention_recomputed(plan, device.attention)
     if device.attention is AttentionKernel.FLASH:
         rate = device.peak_flops * (device.attention_efficiency or device.gemm_efficiency)
         flops = layer.attention_flops * samples / tp * (0.5 if causal else 1.0)
@@ -274,6 +269,16 @@ def attention_time(
         + len(layer.attention_matmuls) * device.kernel_overhead_s
     )
     return (3 + again) * forward
+
+
+def attention_recomputed(plan: Plan, kernel: AttentionKernel) -> float:
+    """How many times per step the attention core's forward runs again: selective
+    recompute runs it again; full, in the layers that recompute; the op-level policy
+    saves a fused kernel's output but not the math path's products."""
+    selective = plan.recompute is Recompute.SELECTIVE or (
+        plan.recompute is Recompute.SELECTIVE_OP and kernel is AttentionKernel.MATH
+    )
+    return 1.0 if selective else plan.recomputed_fraction
 
 
 def tp_allreduces(layer: LayerProfile) -> int:
@@ -328,11 +333,14 @@ def layer_time(
     comm_passes = 2 + plan.recomputed_fraction
     comm = tp_allreduces(layer) * comm_passes * one
     if cp > 1 and layer.attention_kv_elems:
-        # Forward passes keys and values on; backward passes them and their gradients.
+        # Forward gathers keys and values; backward gathers them and reduces their
+        # gradients. Each gather overlaps the local chunk's attention only (1/cp of it):
+        # the other chunks wait for it (PyTorch's default, _AllGatherRotater; Llama 3's
+        # all-gather context parallelism, Dubey et al. 2024, Sec. 3.3.2).
         chunk = layer.attention_kv_elems * samples / tp * bpe
         step = ring_time(chunk * cp, plan.mesh, MeshAxis.CP, cluster, fraction=1)
-        kv_passes = 1 + 2 + (plan.recompute is Recompute.SELECTIVE) + plan.recomputed_fraction
-        comm += max(0.0, kv_passes * step - attention)
+        kv_passes = 1 + 2 + attention_recomputed(plan, cluster.device.attention)
+        comm += max(0.0, kv_passes * step - attention / cp)
     return compute, comm
 
 
