@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from unipar.cluster import cluster_preset
-from unipar.models import GPTConfig, LlamaConfig
+from unipar.models import GPTConfig, llama3_405b
 from unipar.plan import Constraints, plan
 from unipar.plan.report import describe
 
@@ -33,15 +33,7 @@ def _gpt(hidden: int, layers: int, heads: int):  # type: ignore[no-untyped-def]
 
 
 def _llama_405b():  # type: ignore[no-untyped-def]
-    return LlamaConfig(
-        vocab_size=128256,
-        seq_len=8192,
-        hidden=16384,
-        layers=126,
-        heads=128,
-        kv_heads=8,
-        ffn_hidden=53248,
-    ).spec()
+    return llama3_405b(seq_len=8192).spec()
 
 
 def _hf_405b():  # type: ignore[no-untyped-def]

@@ -43,11 +43,8 @@ def torchtitan_flops_per_token(report: PlanReport, seq: int) -> float:
 
 
 def pinned_constraints(row: dict[str, str]) -> Constraints:
-    """The published plan: its mesh, and the micro-batch and recompute where given.
-    torchtitan's op-level selective checkpointing (``selective_op``: save matrix
-    products' outputs, recompute the rest) is not among the planner's options
-    (selective is Korthikanti et al.'s: the attention core), so there recompute is
-    searched."""
+    """The published plan: its mesh, and the micro-batch and recompute where given
+    (``selective_op``: torchtitan's op-level selective checkpointing)."""
     recompute = row["recompute"]
     return Constraints(
         tp=int(row["tp"]),
@@ -56,14 +53,19 @@ def pinned_constraints(row: dict[str, str]) -> Constraints:
         fsdp=int(row["fsdp"]),
         cp=int(row["cp"]),
         microbatch_size=int(row["microbatch"]) if row["microbatch"] else None,
-        recompute=Recompute(recompute) if recompute in ("none", "full") else None,
+        recompute=Recompute(recompute) if recompute else None,
         recompute_every=1 if recompute == "full" else None,  # full: every layer
     )
 
 
 def plan_row(row: dict[str, str], constraints: Constraints | None = None) -> PlanReport:
     gpus = int(row["gpus"])
-    cluster = cluster_preset(row["cluster"], nodes=max(1, gpus // 8), devices_per_node=min(8, gpus))
+    cluster = cluster_preset(
+        row["cluster"],
+        nodes=max(1, gpus // 8),
+        devices_per_node=min(8, gpus),
+        kernels=row["kernels"],
+    )
     spec = hf_spec(CONFIGS / row["config"], seq_len=int(row["seq"]))
     return plan(spec, cluster, int(row["global_batch"]), constraints=constraints)
 

@@ -70,6 +70,7 @@ CASES = {
     "pp4-1f1b": (gpt_four_layers, 4, {"pp": 4, "microbatch_size": 2, "schedule": ONE_F_ONE_B}),
     "fsdp2-selective-recompute": (gpt, 2, {"fsdp": 2, "recompute": Recompute.SELECTIVE}),
     "tp2-selective-recompute": (gpt, 2, {"tp": 2, "recompute": Recompute.SELECTIVE}),
+    "fsdp2-selective-op-recompute": (gpt, 2, {"fsdp": 2, "recompute": Recompute.SELECTIVE_OP}),
     "dp2-recompute-every-2nd": (
         gpt_four_layers,
         2,

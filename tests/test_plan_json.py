@@ -58,7 +58,7 @@ MINIMAL = {"mesh": {"dp": 2}, "microbatch_size": 4, "num_microbatches": 1}
         ({"microbatch_size": "4"}, "plan field microbatch_size must be a whole number"),
         ({"num_microbatches": 0}, "plan field num_microbatches must be >= 1"),
         ({"virtual_stages": 0}, "plan field virtual_stages must be >= 1"),
-        ({"recompute": "some"}, "recompute must be one of 'none', 'selective', 'full'"),
+        ({"recompute": "some"}, "recompute must be one of 'none', 'selective', 'selective_op'"),
         ({"reshard_after_forward": "yes"}, "reshard_after_forward must be True or False"),
         ({"layer_tp": ["diagonal"]}, "layer_tp must be one of 'replicate'"),
         ({"layer_tp": "megatron"}, "layer_tp must be a list"),

@@ -14,8 +14,9 @@ import pytest
 
 from unipar import ConfigError
 from unipar.analysis import analyze
-from unipar.cluster import AttentionKernel, cluster_preset
-from unipar.models import LlamaConfig
+from unipar.cluster import AttentionKernel, Kernels, cluster_preset
+from unipar.cluster.spec import EAGER_SLOWDOWN
+from unipar.models import LlamaConfig, llama3_8b, llama3_405b
 from unipar.models.hf_config import hf_spec
 from unipar.plan import Constraints, Mesh, Plan, Recompute, plan, search
 from unipar.plan.cost import CostModel, ring_time
@@ -25,15 +26,7 @@ from unipar.plan.representation import MeshAxis, Strategy
 from unipar.plan.runtime_support import Feature, plan_features, unsupported_features
 
 CONFIGS = Path(__file__).resolve().parent / "hf_configs"
-LLAMA_405B = LlamaConfig(
-    vocab_size=128256,
-    seq_len=8192,
-    hidden=16384,
-    layers=126,
-    heads=128,
-    kv_heads=8,
-    ffn_hidden=53248,
-)
+LLAMA_405B = llama3_405b(seq_len=8192)
 SMALL = LlamaConfig(vocab_size=1024, seq_len=512, hidden=512, layers=4, heads=8, kv_heads=2)
 
 
@@ -59,6 +52,21 @@ def _estimate(profile, cluster, plan_):
     stages = [list(range(n))] if chunks == 1 else None
     assert stages is not None
     return CostModel(profile, cluster).estimate(plan_, stages)
+
+
+@pytest.mark.parametrize("attention", ["flash", "math"])
+def test_selective_op_costs_between_none_and_full(small, attention):
+    """torchtitan's op-level recompute runs half the products and the element-wise ops
+    again: more time than none, less than full; it keeps less than none and more than
+    full (a block's input only)."""
+    cluster = cluster_preset("h100-80g", attention=attention)
+    none, op_level, full = (
+        _estimate(small, cluster, Plan(recompute=r))
+        for r in (Recompute.NONE, Recompute.SELECTIVE_OP, Recompute.FULL)
+    )
+    assert none.step_time_s < op_level.step_time_s < full.step_time_s
+    assert full.memory.activations_gib < op_level.memory.activations_gib
+    assert op_level.memory.activations_gib < none.memory.activations_gib
 
 
 def test_attention_core_is_told_apart(small):
@@ -269,21 +277,27 @@ def test_hf_config_errors_name_the_rule(tmp_path):
 def test_hf_llama_costs_what_the_reference_llama_costs():
     """The same architecture through transformers and through unipar's Llama."""
     hf = hf_spec(CONFIGS / "llama3_8b.json", seq_len=256)
-    ours = LlamaConfig(
-        vocab_size=128256,
-        seq_len=256,
-        hidden=4096,
-        layers=32,
-        heads=32,
-        kv_heads=8,
-        ffn_hidden=14336,
-    ).spec()
+    ours = llama3_8b(seq_len=256).spec()
     a, b = (
         analyze(s.factory, s.sample_shape, hidden=s.hidden, attention_seq=256) for s in (hf, ours)
     )
     assert a.params == b.params
     assert a.forward_flops == pytest.approx(b.forward_flops, rel=1e-3)
     assert a.layers[1].attention_flops == b.layers[1].attention_flops
+
+
+def test_eager_kernels_cost_torchtitans_eager_to_compiled_ratio(small):
+    """Eager kernels scale compute (not communication) by torchtitan's eager vs
+    compiled figure; a bad value is refused with the choices."""
+    fused = cluster_preset("h100-80g")
+    eager = cluster_preset("h100-80g", kernels="eager")
+    assert eager.device.kernels is Kernels.EAGER and fused.device.kernels is Kernels.FUSED
+    plan_ = Plan(mesh=Mesh(fsdp=8), recompute=Recompute.SELECTIVE_OP)
+    times = [_estimate(small, c, plan_).time for c in (fused, eager)]
+    assert times[1].compute_s == pytest.approx(times[0].compute_s * EAGER_SLOWDOWN)
+    assert times[1].grad_sync_s == pytest.approx(times[0].grad_sync_s)
+    with pytest.raises(ConfigError, match="kernels must be one of"):
+        cluster_preset("h100-80g", kernels="compiled")
 
 
 def test_cluster_attention_override():

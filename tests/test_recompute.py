@@ -55,3 +55,30 @@ def test_selective_recomputes_all_but_the_matrix_multiplications():
     assert none[1][attention] == 0 < selective[1][attention] == full[1][attention] == 4
     assert none[1]["gelu"] == 0 < selective[1]["gelu"] == full[1]["gelu"] == 4
     assert sum(none[1].values()) < sum(selective[1].values()) < sum(full[1].values())
+
+
+def test_selective_op_recomputes_every_second_product_and_no_attention():
+    """torchtitan's op-level policy: of each block's products the 2nd, 4th, ... run
+    again in backward, the attention kernel does not, element-wise ops do."""
+    none = _backward_ops(Plan())
+    op_level = _backward_ops(Plan(recompute=Recompute.SELECTIVE_OP))
+    full = _backward_ops(Plan(recompute=Recompute.FULL))
+    assert op_level[0] == 4
+    attention = "_scaled_dot_product_flash_attention_for_cpu"
+    assert op_level[1][attention] == none[1][attention] == 0 < full[1][attention]
+    assert op_level[1]["gelu"] == full[1]["gelu"] == 4
+    # a GPT block runs 4 linear layers (qkv, out, fc, proj): 2 of them run again
+    products = op_level[1]["addmm"] + op_level[1]["mm"] - none[1]["addmm"] - none[1]["mm"]
+    assert products == 4 * 2
+
+
+def test_selective_op_gives_the_same_gradients_as_no_recompute():
+    grads = []
+    for recompute in (Recompute.NONE, Recompute.SELECTIVE_OP):
+        torch.manual_seed(0)
+        model = apply_recompute(GPT(CONFIG), Plan(recompute=recompute))
+        tokens = torch.randint(0, CONFIG.vocab_size, (4, CONFIG.seq_len))
+        model(tokens).float().pow(2).mean().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -130,6 +130,7 @@ def run_plan(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         devices_per_node=args.gpus_per_node,
         attention=args.attention,
+        kernels=args.kernels,
     )
     report = plan(spec, cluster, args.global_batch, constraints=constraints)
     versus = None
@@ -184,6 +185,12 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
         choices=["math", "flash"],
         default=None,
         help="the attention kernel (default: the preset's; GPUs: flash)",
+    )
+    parser.add_argument(
+        "--kernels",
+        choices=["fused", "eager"],
+        default=None,
+        help="fused (default: Megatron-LM, torch.compile) or eager PyTorch kernels",
     )
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument(

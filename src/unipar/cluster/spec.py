@@ -25,6 +25,23 @@ class AttentionKernel(Enum):
     FLASH = "flash"
 
 
+class Kernels(Enum):
+    """How the training framework runs the model's ops. ``fused``: element-wise ops
+    fused around the products (Megatron-LM's fused kernels, ``torch.compile``); the
+    presets' rates are these (the cost model is checked against Megatron's SC'21
+    runs). ``eager``: eager PyTorch, one kernel per op as the model's code calls them:
+    compute takes :data:`EAGER_SLOWDOWN` times as long."""
+
+    FUSED = "fused"
+    EAGER = "eager"
+
+
+# torchtitan docs/performance.md (commit eaea6f6a), Table 1: Llama 3.1 8B, FSDP on 8
+# H100, the same plan eager (5,762 tokens/s per GPU) and with torch.compile (6,667):
+# what compiling (fusing) saves, the one published pair of the same run both ways.
+EAGER_SLOWDOWN = 6667 / 5762
+
+
 class Precision(Enum):
     """Training precision of weights and activations."""
 
@@ -56,6 +73,7 @@ class DeviceSpec:
     ``attention``: the attention kernel training uses on this device;
     ``attention_efficiency``: the fraction of peak a fused attention kernel reaches
     (``None``: ``gemm_efficiency``).
+    ``kernels``: fused or eager execution (:class:`Kernels`).
     """
 
     name: str
@@ -73,6 +91,12 @@ class DeviceSpec:
     overlaps_communication: bool = True  # False: collectives take the cores compute needs
     attention: AttentionKernel = AttentionKernel.MATH
     attention_efficiency: float | None = None
+    kernels: Kernels = Kernels.FUSED
+
+    @property
+    def compute_slowdown(self) -> float:
+        """Compute time under the framework's kernels against the preset's rates."""
+        return EAGER_SLOWDOWN if self.kernels is Kernels.EAGER else 1.0
 
     @property
     def peak_flops(self) -> float:
@@ -140,6 +164,8 @@ _A100_80 = DeviceSpec(
     attention_efficiency=0.6,
 )
 _A100_40 = replace(_A100_80, name="A100-SXM4-40GB", memory_gib=40, memory_bandwidth=1.555e12)
+# Attention on Hopper: PyTorch's scaled_dot_product_attention runs FlashAttention-2,
+# which reaches 35% of the H100's peak (Shah et al. 2024, FlashAttention-3, Sec. 1).
 _H100_80 = DeviceSpec(
     name="H100-SXM5-80GB",
     memory_gib=80,
@@ -150,7 +176,7 @@ _H100_80 = DeviceSpec(
     kernel_overhead_s=6e-6,
     reserved_gib=3.0,
     attention=AttentionKernel.FLASH,
-    attention_efficiency=0.5,
+    attention_efficiency=0.35,
 )
 # The H100 of Meta's Grand Teton hosts (torchtitan's benchmarks): 96 GB HBM2e at
 # 2.4 TB/s, power-capped at 500 W, with a peak "between SXM and NVL" (torchtitan,
@@ -225,11 +251,13 @@ def cluster_preset(
     nodes: int = 1,
     devices_per_node: int | None = None,
     attention: AttentionKernel | str | None = None,
+    kernels: Kernels | str | None = None,
 ) -> ClusterSpec:
     """A preset by name (``a100-80g``, ``a100-40g``, ``h100-80g``, ``h100-96g-hbm2e``,
     ``h200-141g``, ``v100-16g``, ``cpu``). ``attention``: the attention kernel, if not the
     preset's (GPUs: flash; V100 and CPU: math), e.g. ``math`` for runs made before fused
-    attention."""
+    attention. ``kernels``: ``eager`` for a framework that runs eager PyTorch
+    (:class:`Kernels`)."""
     if name == "cpu":
         from unipar.cluster.calibrate import calibrated_cpu_cluster
 
@@ -241,14 +269,20 @@ def cluster_preset(
         )
     else:
         cluster = PRESETS[name].resized(nodes, devices_per_node)
-    if attention is None:
-        return cluster
-    if not isinstance(attention, AttentionKernel):
-        try:
-            attention = AttentionKernel(attention)
-        except ValueError:
-            raise ConfigError(
-                f"attention must be one of {[k.value for k in AttentionKernel]}, but got "
-                f"{attention!r}"
-            ) from None
-    return replace(cluster, device=replace(cluster.device, attention=attention))
+    device = cluster.device
+    if attention is not None:
+        device = replace(device, attention=_option(AttentionKernel, "attention", attention))
+    if kernels is not None:
+        device = replace(device, kernels=_option(Kernels, "kernels", kernels))
+    return replace(cluster, device=device)
+
+
+def _option(kind: type[Enum], what: str, value: object) -> Enum:
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        raise ConfigError(
+            f"{what} must be one of {[k.value for k in kind]}, but got {value!r}"
+        ) from None

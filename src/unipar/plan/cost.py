@@ -31,9 +31,15 @@ Sources of the formulas:
   parts (norms, dropout, residuals) by tp and replaces each all-reduce by a
   reduce-scatter and an all-gather of the same volume (Korthikanti et al. 2022, Sec. 4.2);
   selective recompute stores no attention core and runs its forward again (Sec. 5);
+  torchtitan's op-level policy (selective_op) saves the attention kernel's output and
+  every other matrix product's, and runs the other products and the memory-bound ops
+  again (torchtitan, ``_save_list`` in its llama3 ``parallelize.py``);
 - context parallelism splits every sample's sequence over cp ranks (FLOPs, activations
-  and messages / cp); ring attention passes keys and values (cp-1) times per pass,
-  behind the attention compute (Liu et al. 2023); gradients reduce over dp x cp;
+  and messages / cp); keys and values are all-gathered once per pass, behind the
+  local chunk's attention only (PyTorch's default rotate method; Llama 3, Dubey et al.
+  2024, Sec. 3.3.2; ring attention, Liu et al. 2023); gradients reduce over dp x cp;
+- eager execution (one kernel per op) takes EAGER_SLOWDOWN times the fused kernels'
+  compute time (torchtitan's eager and compiled runs of one plan; ``Kernels``);
 - a distributed optimizer (ZeRO-1) shards the optimizer state over dp x cp and turns the
   gradient all-reduce into a reduce-scatter and an all-gather of the weights
   (Rajbhandari et al. 2020; Megatron-LM's distributed optimizer).
@@ -193,13 +199,53 @@ def layer_forward_time(
     """Roofline per matrix product (the slower of its FLOPs and its bytes), bytes for the
     memory-bound rest, and a fixed cost per op; the attention core apart
     (:func:`attention_time`)."""
+    ops = layer.matmul_ops - len(layer.attention_matmuls) + layer.memory_ops
+    return _forward_time(layer, layer.matmuls, ops, (samples, tp, sequence_parallel), cluster)
+
+
+def op_level_recompute_time(
+    layer: LayerProfile, samples: float, tp: int, cluster: ClusterSpec, sequence_parallel: bool
+) -> float:
+    """The forward work a block runs again under torchtitan's op-level selective
+    recompute (``selective_op``): every second matrix product (the 2nd, 4th, ...: its
+    policy counts ``mm`` calls and saves the odd ones) and every memory-bound
+    (element-wise, norm) op; the attention kernel's output is saved."""
+    if layer.kind is not LayerKind.BLOCK:
+        return 0.0
+    again = layer.matmuls[1::2]
+    ops = len(again) + layer.memory_ops
+    return _forward_time(layer, again, ops, (samples, tp, sequence_parallel), cluster)
+
+
+def _forward_time(
+    layer: LayerProfile,
+    matmuls: tuple[tuple[float, float, float], ...],
+    ops: int,
+    shape: tuple[float, int, bool],
+    cluster: ClusterSpec,
+) -> float:
+    """``matmuls`` by roofline, the layer's memory-bound ops by bytes, ``ops`` launches;
+    ``shape``: (samples, tp, sequence parallel)."""
+    samples, tp, sequence_parallel = shape
     device = cluster.device
-    gemm = _roofline(layer.matmuls, samples, tp, cluster)
     replicated = layer.moved_elems_replicated / (tp if sequence_parallel else 1)
     moved = (layer.moved_elems_sharded / tp + replicated) * samples
     memory = moved * device.bytes_per_element / device.memory_bandwidth
-    ops = layer.matmul_ops - len(layer.attention_matmuls) + layer.memory_ops
+    gemm = _roofline(matmuls, samples, tp, cluster)
     return gemm + memory + ops * device.kernel_overhead_s
+
+
+def op_level_saved_elems(layer: LayerProfile) -> tuple[float, float]:
+    """(sharded, replicated) elements per sample a layer keeps for backward under
+    ``selective_op``: a block keeps its input, its attention output and the outputs of
+    its odd products (each product's output taken as half the activation elements it
+    reads and writes: exact for square products, and for the MLP's up and down
+    projections together); other layers keep what they keep without recompute."""
+    if layer.kind is not LayerKind.BLOCK:
+        return layer.saved_elems_sharded, layer.saved_elems_replicated
+    products = sum(act / 2 for _, act, _ in layer.matmuls[0::2])
+    attention_output = layer.output_elems if layer.attention_matmuls else 0.0
+    return products + attention_output, layer.output_elems
 
 
 def attention_time(
@@ -210,8 +256,7 @@ def attention_time(
     if not layer.attention_matmuls:
         return 0.0
     device, tp = cluster.device, plan.mesh.tp
-    # Selective recompute runs it again; full, in the layers that recompute.
-    again = 1.0 if plan.recompute is Recompute.SELECTIVE else plan.recomputed_fraction
+    again = attention_recomputed(plan, device.attention)
     if device.attention is AttentionKernel.FLASH:
         rate = device.peak_flops * (device.attention_efficiency or device.gemm_efficiency)
         flops = layer.attention_flops * samples / tp * (0.5 if causal else 1.0)
@@ -224,6 +269,16 @@ def attention_time(
         + len(layer.attention_matmuls) * device.kernel_overhead_s
     )
     return (3 + again) * forward
+
+
+def attention_recomputed(plan: Plan, kernel: AttentionKernel) -> float:
+    """How many times per step the attention core's forward runs again: selective
+    recompute runs it again; full, in the layers that recompute; the op-level policy
+    saves a fused kernel's output but not the math path's products."""
+    selective = plan.recompute is Recompute.SELECTIVE or (
+        plan.recompute is Recompute.SELECTIVE_OP and kernel is AttentionKernel.MATH
+    )
+    return 1.0 if selective else plan.recomputed_fraction
 
 
 def tp_allreduces(layer: LayerProfile) -> int:
@@ -265,6 +320,9 @@ def layer_time(
     attention = attention_time(layer, samples, plan, cluster, causal)
     compute = passes * layer_forward_time(layer, samples, tp, cluster, sequence_parallel=sp)
     compute += attention
+    if plan.recompute is Recompute.SELECTIVE_OP:
+        compute += op_level_recompute_time(layer, samples, tp, cluster, sp)
+    compute *= cluster.device.compute_slowdown
     if tp > 1 and style is not TensorParallelStyle.REPLICATE:
         split = layer.splittable_modules if style is TensorParallelStyle.MEGATRON else 1
         compute += passes * split * cluster.device.sharded_op_overhead_s
@@ -275,11 +333,14 @@ def layer_time(
     comm_passes = 2 + plan.recomputed_fraction
     comm = tp_allreduces(layer) * comm_passes * one
     if cp > 1 and layer.attention_kv_elems:
-        # Forward passes keys and values on; backward passes them and their gradients.
+        # Forward gathers keys and values; backward gathers them and reduces their
+        # gradients. Each gather overlaps the local chunk's attention only (1/cp of it):
+        # the other chunks wait for it (PyTorch's default, _AllGatherRotater; Llama 3's
+        # all-gather context parallelism, Dubey et al. 2024, Sec. 3.3.2).
         chunk = layer.attention_kv_elems * samples / tp * bpe
         step = ring_time(chunk * cp, plan.mesh, MeshAxis.CP, cluster, fraction=1)
-        kv_passes = 1 + 2 + (plan.recompute is Recompute.SELECTIVE) + plan.recomputed_fraction
-        comm += max(0.0, kv_passes * step - attention)
+        kv_passes = 1 + 2 + attention_recomputed(plan, cluster.device.attention)
+        comm += max(0.0, kv_passes * step - attention / cp)
     return compute, comm
 
 
@@ -291,21 +352,26 @@ def rank_memory(
     bpe, b, tp = device.bytes_per_element, plan.microbatch_size / mesh.cp, mesh.tp
     sp = tp if plan.sequence_parallel else 1
     # Scores are stored only by the math path without selective recompute.
-    scores = device.attention is AttentionKernel.MATH and plan.recompute is not (
-        Recompute.SELECTIVE
+    op_level = plan.recompute is Recompute.SELECTIVE_OP
+    scores = device.attention is AttentionKernel.MATH and not (
+        op_level or plan.recompute is Recompute.SELECTIVE
     )
     saved = loads.saved_sharded / tp + loads.saved_replicated / sp
     if scores:
         saved = saved + loads.saved_attention / tp
     activations = saved * b * bpe * in_flight
+    # One layer's activations exist while it recomputes.
+    largest = (
+        loads.layer_saved_sharded / tp
+        + loads.layer_saved_replicated / sp
+        + (loads.layer_saved_attention / tp if scores else 0)
+    ).max(axis=1)
+    if op_level:
+        kept = loads.op_saved_sharded / tp + loads.op_saved_replicated / sp
+        activations = (kept * in_flight + largest) * b * bpe
     if plan.recompute is Recompute.FULL:
-        # A recomputing layer keeps its input; one layer's activations exist while it
-        # recomputes. The share 1 - f of layers that do not recompute keep theirs.
-        largest = (
-            loads.layer_saved_sharded / tp
-            + loads.layer_saved_replicated / sp
-            + (loads.layer_saved_attention / tp if scores else 0)
-        ).max(axis=1)
+        # A recomputing layer keeps its input. The share 1 - f of layers that do not
+        # recompute keep their activations.
         f = plan.recomputed_fraction
         kept = (loads.kept_inputs / sp * in_flight + largest) * b * bpe
         activations = f * kept + (1 - f) * activations
@@ -354,6 +420,8 @@ class RankLoads:
     saved_sharded: np.ndarray  # [ranks]: elements saved for backward
     saved_replicated: np.ndarray
     saved_attention: np.ndarray  # scores, stored by the math path only
+    op_saved_sharded: np.ndarray  # [ranks]: kept under op-level selective recompute
+    op_saved_replicated: np.ndarray
     layer_params: np.ndarray  # [ranks, distinct layers], 0 where absent
     layer_saved_sharded: np.ndarray
     layer_saved_replicated: np.ndarray
@@ -426,6 +494,7 @@ class CostModel:
             replicated = column([x.saved_elems_replicated for x in u])
             attention = column([x.attention_saved_elems for x in u])
             present = counts > 0
+            op_level = column([op_level_saved_elems(x) for x in u]).reshape(len(u), 2)
             self._loads[key] = RankLoads(
                 counts=counts,
                 params=counts @ params,
@@ -433,6 +502,8 @@ class CostModel:
                 saved_sharded=counts @ sharded,
                 saved_replicated=counts @ replicated,
                 saved_attention=counts @ attention,
+                op_saved_sharded=counts @ op_level[:, 0],
+                op_saved_replicated=counts @ op_level[:, 1],
                 layer_params=present * params,
                 layer_saved_sharded=present * sharded,
                 layer_saved_replicated=present * replicated,
@@ -491,9 +562,15 @@ def _estimate(model: CostModel, plan: Plan, stages: list[list[int]]) -> Estimate
     grad_bytes = stage_params * bpe
     # DDP all-reduces gradients in buckets of 25 MB (over dp and cp, which hold the same
     # weights); a distributed optimizer reduce-scatters them and all-gathers the updated
-    # weights; FSDP gathers and reduces per layer.
-    buckets = max(1.0, grad_bytes / DDP_BUCKET_BYTES)
+    # weights, in Megatron-Core's buckets; FSDP gathers and reduces per layer.
     replicas: Axes = (MeshAxis.CP, MeshAxis.DP) if mesh.cp > 1 else MeshAxis.DP
+    bucket_bytes = DDP_BUCKET_BYTES
+    if plan.distributed_optimizer:
+        # Megatron-Core's buckets grow with the replicas so that the collectives do not
+        # become latency-bound: max(40M, 1M x dp) parameters (DistributedDataParallel-
+        # Config.bucket_size).
+        bucket_bytes = max(40e6, 1e6 * mesh.dp * mesh.cp) * bpe
+    buckets = max(1.0, grad_bytes / bucket_bytes)
     if plan.distributed_optimizer:
         bucket = 2 * ring_time(grad_bytes / buckets, mesh, replicas, cluster, fraction=1)
     else:

@@ -24,12 +24,16 @@ class PipelineSchedule(Enum):
 
 
 class Recompute(Enum):
-    """Activation recompute: none, every layer's forward again in backward (full), or
-    only the attention core, whose activations grow with the sequence squared
-    (selective; Korthikanti et al. 2022, Sec. 5)."""
+    """Activation recompute: none, every layer's forward again in backward (full),
+    only the attention core, whose activations grow with the sequence squared, and the
+    element-wise ops (selective; Korthikanti et al. 2022, Sec. 5), or torchtitan's
+    op-level policy (selective_op: each block saves the outputs of its attention
+    kernel and of every other matrix product, and recomputes the other products and
+    all element-wise and norm ops; torchtitan's ``_save_list``)."""
 
     NONE = "none"
     SELECTIVE = "selective"
+    SELECTIVE_OP = "selective_op"
     FULL = "full"
 
 

@@ -20,7 +20,7 @@ class Feature(Enum):
     DISTRIBUTED_OPTIMIZER = (
         "a distributed optimizer, ZeRO-1 (distributed_optimizer=true), with fsdp, tp, pp or cp"
     )
-    SELECTIVE_RECOMPUTE = "selective recompute (recompute='selective')"
+    SELECTIVE_RECOMPUTE = "selective recompute (recompute='selective' or 'selective_op')"
     PARTIAL_RECOMPUTE = "full recompute of every n-th layer (recompute_every > 1)"
 
 
@@ -59,7 +59,7 @@ def plan_features(plan: Plan) -> set[Feature]:
             if only_dp
             else Feature.DISTRIBUTED_OPTIMIZER
         )
-    if plan.recompute is Recompute.SELECTIVE:
+    if plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP):
         used.add(Feature.SELECTIVE_RECOMPUTE)
     if plan.recompute is Recompute.FULL and plan.recompute_every > 1:
         used.add(Feature.PARTIAL_RECOMPUTE)

@@ -3,7 +3,8 @@
 Enumerates mesh factorisations (tp within a node, dividing what tensor parallelism must
 divide; cp dividing the sequence) x data-parallel flavour (all-reduce, distributed
 optimizer/ZeRO-1, ZeRO-2, ZeRO-3) x micro-batch size, and so the number of micro-batches
-x pipeline schedule with its interleaving depth x recompute (none, selective, full);
+x pipeline schedule with its interleaving depth x recompute (none, selective,
+selective_op, full);
 sequence parallelism goes with every tp > 1 (it saves memory and time at the same
 communication volume). ``Constraints.runtime_only`` leaves out what the runtime cannot
 apply yet (:mod:`unipar.plan.runtime_support`). Layers are split into pipeline stages
@@ -29,6 +30,8 @@ from unipar.plan.runtime_support import RUNTIME_LACKS, Feature
 
 VIRTUAL_STAGES = (2, 3, 4, 6, 8)  # interleaving depths tried
 RECOMPUTE_EVERY = (4, 2, 1)  # full recompute of every n-th layer, fewest layers first
+# Op-level options: one that fits may still be slower than full recompute of a few layers.
+_PARTIAL_OPS = (Recompute.SELECTIVE, Recompute.SELECTIVE_OP)
 MAX_CP = 32
 # Context parallelism is tried down to this many tokens per rank: below it a ring
 # step's attention (which grows with the chunk squared) no longer hides the exchange
@@ -273,7 +276,7 @@ def search(
                     (fitting if result.fits else over).append(Candidate(plan, result))
                     # The options after one that fits are slower: none before any
                     # recompute; full recompute of fewer layers before more.
-                    if result.fits and recompute is not Recompute.SELECTIVE:
+                    if result.fits and recompute not in _PARTIAL_OPS:
                         break
     fitting.sort(key=lambda c: c.estimate.step_time_s)
     over.sort(key=lambda c: c.estimate.memory.total_gib)
@@ -293,13 +296,16 @@ def _recomputes(
 ) -> list[tuple[Recompute, int]]:
     """(recompute, every n-th layer) options worth costing, from the fastest: none;
     selective only where attention stores scores (the math path; under a flash kernel
-    it saves nothing and costs a forward); full recompute of every 4th, 2nd, then
+    it saves nothing and costs a forward); torchtitan's op-level policy
+    (selective_op) in models with blocks; full recompute of every 4th, 2nd, then
     every layer. A pinned option is costed whatever it saves."""
     stores_scores = cluster.device.attention is AttentionKernel.MATH and profile.has_attention
     options = [(Recompute.NONE, 1)]
     pinned = fixed.recompute is Recompute.SELECTIVE
     if (stores_scores or pinned) and fixed.allows(Feature.SELECTIVE_RECOMPUTE):
         options.append((Recompute.SELECTIVE, 1))
+    if profile.num_blocks and fixed.allows(Feature.SELECTIVE_RECOMPUTE):
+        options.append((Recompute.SELECTIVE_OP, 1))
     partial = fixed.allows(Feature.PARTIAL_RECOMPUTE) and profile.num_blocks > 1
     options += [(Recompute.FULL, n) for n in RECOMPUTE_EVERY if partial or n == 1]
     return [

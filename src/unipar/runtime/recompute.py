@@ -10,6 +10,10 @@
   activations grow with the sequence squared, and the element-wise operations
   (PyTorch's selective activation checkpoint policies, as in torchtitan's op-level
   selective AC).
+- ``selective_op``: torchtitan's op-level policy (``torchtitan/models/llama3/infra/
+  parallelize.py``, ``_save_list``): each block saves the outputs of its fused
+  attention kernel and of every other ``mm`` (the 1st, 3rd, ...), and recomputes the
+  other products and every element-wise and norm op.
 """
 
 from __future__ import annotations
@@ -29,6 +33,17 @@ from unipar.runtime.stages import set_layer
 # Batched products (bmm, the attention core) and fused attention are recomputed.
 _SAVED_OPS = frozenset(
     {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.linear.default}
+)
+# selective_op: fused attention kernels' outputs are saved too (torchtitan's list).
+_ATTENTION_OPS = frozenset(
+    getattr(torch.ops.aten, name).default
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    if hasattr(torch.ops.aten, name)
 )
 
 
@@ -51,8 +66,9 @@ def apply_recompute(model: nn.Module, plan: Plan) -> nn.Module:
             f"recompute wraps each block of the model, but {type(model).__name__} has no "
             "block (a layer with sub-layers); use recompute=none"
         )
-    if plan.recompute is Recompute.SELECTIVE:
-        options: dict[str, Any] = {"context_fn": _selective_contexts}
+    if plan.recompute in (Recompute.SELECTIVE, Recompute.SELECTIVE_OP):
+        context = _selective_contexts if plan.recompute is Recompute.SELECTIVE else _op_contexts
+        options: dict[str, Any] = {"context_fn": context}
         chosen = blocks
     else:
         options, chosen = {}, blocks[:: plan.recompute_every]
@@ -71,3 +87,21 @@ def _selective_contexts() -> Any:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     return create_selective_checkpoint_contexts(_save_matmuls)
+
+
+def _op_contexts() -> Any:
+    """torchtitan's op-level policy: products counted per block and per pass (forward
+    and recompute count apart, so both choose the same products)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    products = {False: 0, True: 0}
+
+    def policy(ctx: Any, op: Callable, *_args: Any, **_kwargs: Any) -> Any:
+        if op in _SAVED_OPS:
+            products[ctx.is_recompute] += 1
+            keep = products[ctx.is_recompute] % 2 == 1
+        else:
+            keep = op in _ATTENTION_OPS
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
