@@ -34,7 +34,12 @@ RUNTIME_LACKS: frozenset[Feature] = frozenset(Feature) - {
 }
 
 _FIXES = {
-    Feature.CONTEXT_PARALLEL: "set mesh.cp to 1 (use tp, pp or fsdp for long sequences)",
+    Feature.CONTEXT_PARALLEL: (
+        "set mesh.cp to 1 (use tp, pp or fsdp for long sequences): the runtime has no "
+        "context-parallel attention yet (PyTorch's ring attention has no CPU kernel: "
+        "aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy in torch "
+        "2.13; its CUDA path is not wired in); the planner still prices cp plans"
+    ),
     Feature.SEQUENCE_PARALLEL: "set sequence_parallel to false",
     Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER: "set distributed_optimizer to false",
     Feature.DISTRIBUTED_OPTIMIZER: (
