@@ -205,6 +205,7 @@ PLAN_FLAGS = [
     (["gpt", "--json=1"], "ignored explicit argument"),
     (["gpt", "--plot", "afile"], "is a file"),
     (["gpt", "--attention", "fast"], "invalid choice"),
+    (["gpt", "--kernels", "slow"], "invalid choice"),
     (["gpt", "--versus", "tp=x"], "takes key=value pairs"),
 ]
 
@@ -389,6 +390,7 @@ FIT_ARGUMENTS = [
     ({"progress": "yes"}, ConfigError, "progress must be True or False"),
     ({"placement_timeout_s": -5}, ConfigError, "placement_timeout_s must be > 0"),
     ({"callbacks": [print]}, ConfigError, "callbacks must be unipar.Callback instances"),
+    ({"size_target": 4}, ConfigError, "size_target must be a callable returning a number"),
 ]
 
 

@@ -325,6 +325,16 @@ def check_address(address: Any) -> str | None:
     return address
 
 
+def check_size_target(size_target: Any) -> None:
+    """An outside bound on an elastic run's size: a callable giving workers or None."""
+    if size_target is not None and not callable(size_target):
+        raise ConfigError(
+            f"size_target must be a callable returning a number of workers (or None for no "
+            f"bound), but got {size_target!r}; pass a unipar.runtime.size_target.SizeTarget"
+            " (it is callable), or leave it out"
+        )
+
+
 def check_fit_inputs(job: Any, plan: Any, callbacks: Any, address: Any) -> None:
     """``fit``'s arguments that are not run settings."""
     from unipar.job import Job

@@ -21,7 +21,14 @@ from pathlib import Path
 
 import torch
 
-from unipar.cluster.spec import AttentionKernel, ClusterSpec, DeviceSpec, LinkSpec, Precision
+from unipar.cluster.spec import (
+    AttentionKernel,
+    ClusterSpec,
+    DeviceSpec,
+    Kernels,
+    LinkSpec,
+    Precision,
+)
 
 
 def _sustained_time(fn, seconds: float = 0.5) -> float:  # type: ignore[no-untyped-def]
@@ -145,6 +152,7 @@ def read_cache(
                 **data["device"],
                 "precision": Precision(data["precision"]),
                 "attention": AttentionKernel(data["attention"]),
+                "kernels": Kernels(data.get("kernels", Kernels.FUSED.value)),
             }
         )
         return device, LinkSpec(**data["link"])
@@ -157,10 +165,13 @@ def write_cache(path: Path, about: dict[str, object], device: DeviceSpec, link: 
         "machine": about,
         "measured_at": time.time(),
         "device": {
-            k: v for k, v in asdict(device).items() if k not in ("precision", "attention")
+            k: v
+            for k, v in asdict(device).items()
+            if k not in ("precision", "attention", "kernels")
         },
         "precision": device.precision.value,
         "attention": device.attention.value,
+        "kernels": device.kernels.value,
         "link": asdict(link),
     }
     with contextlib.suppress(OSError):  # a read-only home only costs a re-measurement

@@ -24,7 +24,7 @@ from unipar.runtime.progress import format_summary
 from unipar.runtime.run_trace import write_run_trace
 from unipar.runtime.tracing import traced_steps
 from unipar.runtime.worker_group import check_cluster_resources
-from unipar.validate import check_fit_inputs, check_plan_for_run
+from unipar.validate import check_fit_inputs, check_plan_for_run, check_size_target
 from unipar.viz.draw import require_plot_extra
 from unipar.viz.trace import TraceOutputs
 
@@ -116,6 +116,7 @@ def fit(
     saying so, when other jobs hold the resources this run needs.
     """
     check_fit_inputs(job, plan, callbacks, address)
+    check_size_target(size_target)
     if job.adaptive is not None:
         check_adaptive_loss(job)
     least, most = validate.worker_range(workers)
