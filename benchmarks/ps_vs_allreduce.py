@@ -38,10 +38,10 @@ from unipar.ps import (
     SparseWorkload,
     SyncKind,
     choose_grad_sync,
+    price_ps,
 )
 from unipar.ps.optim import OptimizerKind, OptimizerSpec
-from unipar.ps.partition import TensorInfo, partition
-from unipar.ps.train import PSConfig, PSRun
+from unipar.ps.train import PSConfig, PSRun, Slowdown
 
 FIELDS = 4
 
@@ -116,25 +116,6 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def row_cost(rows: int, dim: int, n: int = 200_000) -> float:
-    """Seconds per touched row of the PS row path, timed on a table of ``rows`` rows
-    without Ray: unique ids, route to 2 servers, gather (pull), then on the server the
-    unique + index_add of the pushed rows and an SGD update of them."""
-    table = torch.ones(rows, dim)  # written, so no page is first touched while timed
-    parts = partition([TensorInfo("t", (rows, dim), embedding=True)], 2)
-    ids = torch.randint(0, rows, (n,))
-    began = time.perf_counter()
-    unique = torch.unique(ids)
-    server, local = parts.locate("t", unique)
-    for s in range(2):
-        mine = local[server == s]
-        pulled = table[mine]
-        u, inverse = torch.unique(mine, return_inverse=True)
-        summed = torch.zeros(len(u), dim).index_add_(0, inverse, pulled)
-        table[u] = table[u] - 0.1 * summed
-    return (time.perf_counter() - began) / len(unique)
-
-
 def calibrate(ray, ar_workers, rows: int, dim: int) -> Links:
     nbytes = 32 * 2**20
     small, large = ray.get([w.calibrate.remote(4096) for w in ar_workers])[0], None
@@ -163,7 +144,6 @@ def calibrate(ray, ar_workers, rows: int, dim: int) -> Links:
     update_bw = 3 * table.numel() * 4 / ((time.perf_counter() - began) / 2)
     del table, grad
     return Links(
-        row_s=statistics.median(row_cost(rows, dim) for _ in range(3)),
         all_reduce_bw=all_reduce_bw,
         worker_bw=ps_bw,
         server_bw=ps_bw,
@@ -173,17 +153,25 @@ def calibrate(ray, ar_workers, rows: int, dim: int) -> Links:
     )
 
 
-def sweep_point(ray, args, ar_workers, links, fraction: float) -> dict:
+@dataclasses.dataclass(frozen=True)
+class PSPoint:
+    """One PS measurement: the median step time, and what the cost model needs."""
+
+    step_s: float
+    bytes_per_worker: float
+    workload: SparseWorkload
+
+
+def measure_ps(args, fraction: float) -> PSPoint:
+    """2 workers, 2 servers, BSP, SGD: median step time after warm-up; the compute of
+    one worker's forward/backward alone (tables as the pulled rows) goes to the model."""
     touched = max(int(fraction * args.rows), FIELDS)
     data = UniformClicks(args.rows, touched)
     steps = args.warmup + args.steps
-    ar = ray.get([w.run.remote(data, steps) for w in ar_workers])
-    ar_s = statistics.median(t for times in ar for t in times[args.warmup :])
     factory = functools.partial(CTRModel, args.rows, args.dim, FIELDS, seed=0)
     config = PSConfig(num_servers=2, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.05))
     ps = PSRun(factory, data, ctr_loss, workers=2, steps=steps, config=config).result()
     ps_s = statistics.median(t for times in ps.step_s for t in times[args.warmup :])
-    # compute alone: one worker's forward/backward on a batch, tables as pulled rows
     ids, clicks = data(0, 1)
     unique, local = torch.unique(ids, return_inverse=True)
     small = CTRModel(len(unique), args.dim, FIELDS, seed=0)
@@ -203,17 +191,45 @@ def sweep_point(ray, args, ar_workers, links, fraction: float) -> dict:
         serve_dense=True,
         compute_s=compute,
     )
-    choice = choose_grad_sync(workload, links)
-    faster = SyncKind.PARAMETER_SERVER if ps_s < ar_s else SyncKind.ALL_REDUCE
+    return PSPoint(ps_s, (ps.bytes_pulled + ps.bytes_pushed) / (2 * steps), workload)
+
+
+def calibrate_rows(args, links: Links) -> Links:
+    """The per-row cost of the PS path, end to end: PS runs at the two touched shares of
+    ``--calibrate-at`` (not sweep points); the growth of the measured step time beyond
+    what the model prices without rows (compute, bytes over the measured link, round
+    trips), per extra touched row. The slope leaves out what does not grow with rows."""
+    low, high = (measure_ps(args, float(f)) for f in args.calibrate_at.split(","))
+    measured = high.step_s - low.step_s
+    priced = price_ps(high.workload, links).step_s - price_ps(low.workload, links).step_s
+    rows = (high.workload.touched_fraction - low.workload.touched_fraction) * args.rows
+    row_s = max(measured - priced, 0.0) / rows
+    print(
+        f"row cost: {row_s * 1e9:.0f} ns per touched row (+{rows:,.0f} rows: step "
+        f"+{measured * 1e3:.1f} ms, of which +{priced * 1e3:.1f} ms priced without rows)",
+        flush=True,
+    )
+    return dataclasses.replace(links, row_s=row_s)
+
+
+def sweep_point(ray, args, ar_workers, links, fraction: float) -> dict:
+    touched = max(int(fraction * args.rows), FIELDS)
+    data = UniformClicks(args.rows, touched)
+    ar = ray.get([w.run.remote(data, args.warmup + args.steps) for w in ar_workers])
+    ar_s = statistics.median(t for times in ar for t in times[args.warmup :])
+    ps = measure_ps(args, fraction)
+    choice = choose_grad_sync(ps.workload, links)
+    faster = SyncKind.PARAMETER_SERVER if ps.step_s < ar_s else SyncKind.ALL_REDUCE
     return {
         "fraction": fraction,
-        "ps_s": ps_s,
+        "ps_s": ps.step_s,
         "ar_s": ar_s,
-        "ps_bytes": (ps.bytes_pulled + ps.bytes_pushed) / (2 * steps),
+        "ps_bytes": ps.bytes_per_worker,
         "ar_bytes": choice.all_reduce.bytes_per_worker,
         "pick": choice.kind,
         "right": choice.kind is faster,
         "reason": choice.reason,
+        "predicted": (choice.ps.step_s, choice.all_reduce.step_s),
     }
 
 
@@ -224,35 +240,50 @@ def heldout_loss(params: dict[str, torch.Tensor], data: ZipfClicks, args) -> flo
         return statistics.fmean(float(ctr_loss(model, data(10_000, c))) for c in range(1, 41))
 
 
-def straggler(args) -> dict[Consistency, tuple[float, float]]:
+def straggler_run(args, spec: ConsistencySpec, slowdown: Slowdown) -> tuple[float, float]:
+    """4 workers sharing ``4 * --straggler-steps`` worker-steps: (worker-steps/s, held-out
+    loss)."""
     data = ZipfClicks(args.straggler_rows, batch=256, fields=FIELDS, delay_s=args.delay)
     factory = functools.partial(CTRModel, args.straggler_rows, args.dim, FIELDS, seed=0)
-    out = {}
+    config = PSConfig(
+        num_servers=2, optimizer=OptimizerSpec(OptimizerKind.ADAGRAD, lr=0.05), consistency=spec
+    )
+    result = PSRun(
+        factory,
+        data,
+        ctr_loss,
+        workers=4,
+        steps=args.straggler_steps,
+        config=config,
+        slowdown=slowdown,
+        shared_budget=True,
+    ).result()
+    rate, loss = result.steps / result.wall_s, heldout_loss(result.params, data, args)
+    print(
+        f"  {spec.mode.value}: {rate:.1f} worker-steps/s, held-out loss {loss:.4f}, "
+        f"steps per worker {[len(x) for x in result.losses]}",
+        flush=True,
+    )
+    return rate, loss
+
+
+def straggler(args) -> dict[tuple[str, Consistency], tuple[float, float]]:
+    """BSP, SSP and ASP with one worker 2x slower: transient (the slow worker changes
+    every ``--rotate-every`` clocks) and persistent (always the same worker)."""
     specs = {
         Consistency.BSP: ConsistencySpec(),
         Consistency.SSP: ConsistencySpec(Consistency.SSP, args.staleness),
         Consistency.ASP: ConsistencySpec(Consistency.ASP),
     }
-    for mode, spec in specs.items():
-        config = PSConfig(
-            num_servers=2, optimizer=OptimizerSpec(OptimizerKind.ADAGRAD, lr=0.05), consistency=spec
-        )
-        result = PSRun(
-            factory,
-            data,
-            ctr_loss,
-            workers=4,
-            steps=args.straggler_steps,
-            config=config,
-            slowdown={3: 2.0},
-            shared_budget=True,
-        ).result()
-        out[mode] = (result.steps / result.wall_s, heldout_loss(result.params, data, args))
-        print(
-            f"straggler {mode.value}: {out[mode][0]:.1f} worker-steps/s, held-out loss "
-            f"{out[mode][1]:.4f}, steps per worker {[len(x) for x in result.losses]}",
-            flush=True,
-        )
+    kinds = {
+        "transient": Slowdown(2.0, rotate_every=args.rotate_every),
+        "persistent": Slowdown(2.0, worker=3),
+    }
+    out = {}
+    for kind, slowdown in kinds.items():
+        print(f"straggler, {kind}: {slowdown}", flush=True)
+        for mode, spec in specs.items():
+            out[kind, mode] = straggler_run(args, spec, slowdown)
     return out
 
 
@@ -263,9 +294,15 @@ def main() -> None:
     parser.add_argument("--fractions", default="0.0001,0.001,0.01,0.1,0.3")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--calibrate-at", default="0.005,0.05", help="two touched shares timed for the row cost"
+    )
     parser.add_argument("--straggler-rows", type=int, default=100_000)
     parser.add_argument("--straggler-steps", type=int, default=40)
     parser.add_argument("--staleness", type=int, default=4)
+    parser.add_argument(
+        "--rotate-every", type=int, default=2, help="clocks per transient straggler"
+    )
     parser.add_argument("--delay", type=float, default=0.1, help="s to read a batch")
     args = parser.parse_args()
     import ray
@@ -274,15 +311,19 @@ def main() -> None:
     port = _port()
     actor = ray.remote(AllReduceWorker).options(num_cpus=0)
     ar_workers = [actor.remote(r, 2, port, args.rows, args.dim) for r in range(2)]
-    links = calibrate(ray, ar_workers, args.rows, args.dim)
+    links = calibrate_rows(args, calibrate(ray, ar_workers, args.rows, args.dim))
     print(f"links: {links}", flush=True)
-    print(f"{'touched':>9} {'PS ms':>8} {'AR ms':>8} {'PS MiB':>8} {'AR MiB':>8} pick")
+    print(
+        f"{'touched':>9} {'PS ms':>8} {'AR ms':>8} {'PS pred':>8} {'AR pred':>8} "
+        f"{'PS MiB':>8} {'AR MiB':>8} pick"
+    )
     points = []
     for fraction in (float(f) for f in args.fractions.split(",") if f):
         p = sweep_point(ray, args, ar_workers, links, fraction)
         points.append(p)
         print(
             f"{fraction:>9.4%} {p['ps_s'] * 1e3:>8.1f} {p['ar_s'] * 1e3:>8.1f} "
+            f"{p['predicted'][0] * 1e3:>8.1f} {p['predicted'][1] * 1e3:>8.1f} "
             f"{p['ps_bytes'] / 2**20:>8.2f} {p['ar_bytes'] / 2**20:>8.2f} {p['pick'].value}"
             f" ({'right' if p['right'] else 'WRONG'}): {p['reason']}",
             flush=True,
@@ -290,15 +331,20 @@ def main() -> None:
     for w in ar_workers:
         ray.kill(w)
     out = straggler(args)
-    bsp_rate, bsp_loss = out[Consistency.BSP]
-    ssp_rate, ssp_loss = out[Consistency.SSP]
-    asp_rate, asp_loss = out[Consistency.ASP]
     right = sum(p["right"] for p in points) / max(len(points), 1)
+
+    def versus_bsp(kind: str, mode: Consistency) -> tuple[float, float]:
+        (rate, loss), (bsp_rate, bsp_loss) = out[kind, mode], out[kind, Consistency.BSP]
+        return rate / bsp_rate, (loss - bsp_loss) / bsp_loss
+
+    speedup, gap = versus_bsp("transient", Consistency.SSP)
+    fixed_ssp, _ = versus_bsp("persistent", Consistency.SSP)
+    fixed_asp, fixed_asp_gap = versus_bsp("persistent", Consistency.ASP)
     print(f"load average: {os.getloadavg()}")
     print(
-        f"RESULT planner_right={right:.2f} straggler_speedup={ssp_rate / bsp_rate:.2f} "
-        f"loss_gap={(ssp_loss - bsp_loss) / bsp_loss:.4f} asp_speedup={asp_rate / bsp_rate:.2f} "
-        f"asp_loss_gap={(asp_loss - bsp_loss) / bsp_loss:.4f}"
+        f"RESULT planner_right={right:.2f} straggler_speedup={speedup:.2f} loss_gap={gap:.4f} "
+        f"persistent_ssp_speedup={fixed_ssp:.2f} persistent_asp_speedup={fixed_asp:.2f} "
+        f"persistent_asp_loss_gap={fixed_asp_gap:.4f}"
     )
     ray.shutdown()
 

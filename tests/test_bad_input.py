@@ -446,7 +446,7 @@ PLANS = [
     (Plan(mesh=Mesh(dp=4), microbatch_size=2), "the plan's mesh needs 4 workers"),
     (
         Plan(mesh=Mesh(dp=2), microbatch_size=4, grad_sync=GradSync.PARAMETER_SERVER),
-        "not supported",
+        "nothing worth a parameter server: the model's embedding tables hold",
     ),
     (Plan(mesh=Mesh(dp=2), microbatch_size=2), r"= 4\) must equal the job's global_batch_size=8"),
 ]
@@ -459,12 +459,14 @@ def test_plan_that_does_not_fit_the_run(plan, pattern, workdir, no_ray):
     _nothing_written(workdir)
 
 
-def test_parameter_server_plan_file_is_refused_on_the_command_line(workdir, no_ray, capsys):
-    plan = Plan(mesh=Mesh(dp=2), microbatch_size=4, grad_sync=GradSync.PARAMETER_SERVER)
+def test_parameter_server_plan_that_is_not_pure_data_parallel_is_refused(
+    workdir, no_ray, capsys
+):
+    plan = Plan(mesh=Mesh(tp=2), microbatch_size=8, grad_sync=GradSync.PARAMETER_SERVER)
     (workdir / "ps.json").write_text(plan.to_json())
     code, err = _cli(["train", "job.py", "--strategy", "ps.json"], capsys)
     _assert_one_clear_error(code, err)
-    assert "grad_sync='parameter_server' is not supported yet" in err
+    assert "a parameter-server plan is pure data parallel, but got tp=2" in err
 
 
 def test_unipar_errors_are_value_errors_where_a_value_is_wrong():

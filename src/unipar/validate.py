@@ -381,11 +381,9 @@ def check_plan_for_run(
             "workers"
         )
     if plan.grad_sync is GradSync.PARAMETER_SERVER:
-        raise ConfigError(
-            "grad_sync='parameter_server' is not supported yet by fit (its workers "
-            "all-reduce); train a model with large embedding tables on parameter servers "
-            "with unipar.ps.train, or pass grad_sync='all_reduce' or leave it out"
-        )
+        from unipar.ps.for_job import check_servers_plan
+
+        check_servers_plan(plan)
     from unipar.plan.runtime_support import unsupported_features
 
     lacking = unsupported_features(plan)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from unipar.plan.grad_sync import GradSyncDecision
 from unipar.plan.strategy_search import Candidate
+from unipar.ps.cost import SyncKind
 
 if TYPE_CHECKING:
     from unipar.plan.report import PlanReport
@@ -40,6 +42,8 @@ def explain(report: PlanReport) -> str:
     ]
     if best.plan.stage_boundaries:
         lines.append(f"  stages start at layers {list(best.plan.stage_boundaries)}")
+    if report.grad_sync is not None:
+        lines.append(f"  gradients      {_exchange(report.grad_sync)}")
     alternatives = report.result.ranked[1:6]
     if alternatives:
         lines += ["", "next best (slower by):"]
@@ -84,6 +88,22 @@ def trades(chosen: Candidate, other: Candidate, label: str = "the other plan") -
             "  time (chosen - other): " + (", ".join(time) or "the same"),
             "  memory (chosen - other): " + (", ".join(memory) or "the same"),
         ]
+    )
+
+
+def _exchange(decision: GradSyncDecision) -> str:
+    """Which exchange and why: the prices of both, or why servers were not priced."""
+    if decision.choice is None:
+        return f"all-reduce (parameter servers not considered: {decision.why_not})"
+    chosen = (
+        f"parameter servers ({decision.servers}, one per node, BSP)"
+        if decision.kind is SyncKind.PARAMETER_SERVER
+        else "all-reduce"
+    )
+    lost = f"; {decision.why_not}" if decision.why_not else ""
+    return (
+        f"{chosen}: {decision.choice.reason}; touched rows assume uniform ids (skewed ids "
+        f"touch fewer){lost}"
     )
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from unipar.analysis.profile import ModelProfile, analyze
 from unipar.cluster.spec import ClusterSpec
 from unipar.errors import ConfigError
 from unipar.models.spec import ModelSpec
+from unipar.plan.grad_sync import GradSyncDecision, decide_grad_sync, sparse_facts
+from unipar.plan.representation import GradSync
 from unipar.plan.strategy_search import Candidate, Constraints, SearchResult, search
+from unipar.ps.cost import SyncKind
 
 
 @dataclass(frozen=True)
@@ -20,10 +23,22 @@ class PlanReport:
     global_batch_size: int
     tokens_per_sample: int
     analysis_time_s: float
+    grad_sync: GradSyncDecision | None = None  # all-reduce or parameter servers
 
     @property
     def best(self) -> Candidate:
-        return self.result.best
+        """The chosen plan; when parameter servers win, with ``grad_sync`` set to them
+        and their exchange time in place of the all-reduce's."""
+        decision = self.grad_sync
+        if decision is None or decision.kind is not SyncKind.PARAMETER_SERVER:
+            return self.result.best
+        assert decision.choice is not None and decision.candidate is not None
+        dp = decision.candidate
+        time = replace(dp.estimate.time, grad_sync_s=decision.choice.ps.comm_s, optimizer_s=0.0)
+        return Candidate(
+            replace(dp.plan, grad_sync=GradSync.PARAMETER_SERVER, distributed_optimizer=False),
+            replace(dp.estimate, time=time),
+        )
 
     def predicted(self, candidate: Candidate | None = None) -> dict[str, float]:
         """Numbers of a candidate. ``tflops_per_device`` counts the FLOPs the devices
@@ -62,6 +77,7 @@ class PlanReport:
                 "recompute_every": plan.recompute_every,
                 "zero": _zero_level(self.best),
                 "stage_boundaries": list(plan.stage_boundaries),
+                "grad_sync": plan.grad_sync.value,
             },
             "predicted": {
                 **self.predicted(),
@@ -157,6 +173,14 @@ def plan(
     )
     analysis_time = time.perf_counter() - started
     result = search(profile, cluster, global_batch_size, constraints or Constraints(), keep=keep)
+    decision = decide_grad_sync(
+        profile,
+        sparse_facts(model),
+        cluster,
+        global_batch_size,
+        constraints or Constraints(),
+        result.best,
+    )
     return PlanReport(
         result=result,
         profile=profile,
@@ -164,4 +188,5 @@ def plan(
         global_batch_size=global_batch_size,
         tokens_per_sample=model.tokens_per_sample,
         analysis_time_s=analysis_time,
+        grad_sync=decision,
     )

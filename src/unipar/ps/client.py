@@ -4,6 +4,7 @@ batch needs (dense tensors, only the touched rows of each table), push gradients
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,7 @@ class Traffic:
     pulled: int = 0
     pushed: int = 0
     per_step: list[int] = field(default_factory=list)
+    pull_s: float = 0.0  # seconds spent in pulls, waiting for the consistency model included
 
 
 def _nbytes(tensors: Any) -> int:
@@ -88,6 +90,7 @@ class PSClient:
         """Dense tensors (if ``dense``) and the rows of each table that ``ids`` touch."""
         import ray
 
+        began = time.perf_counter()
         unique = {t: torch.unique(i) for t, i in ids.items()}
         where = {t: self.parts.locate(t, u) for t, u in unique.items()}
         calls = []
@@ -107,6 +110,7 @@ class PSClient:
                 rows[srv == s] = r[t]
             out_rows[t] = rows
         self.traffic.pulled += _nbytes(out_dense.values()) + _nbytes(out_rows.values())
+        self.traffic.pull_s += time.perf_counter() - began
         return Pulled(out_dense, unique, out_rows)
 
     @staticmethod

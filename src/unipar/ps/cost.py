@@ -7,7 +7,10 @@
   touches and the served dense tensors, and pushes as many gradient bytes (plus 8-byte
   row ids); its own link carries ``pull + push`` and each of ``k`` servers carries
   ``n/k`` of every worker's traffic, so ``t = max(worker bytes / bw_worker,
-  n * worker bytes / (k * bw_server)) + 2 * alpha`` (one pull and one push round trip).
+  n * worker bytes / (k * bw_server)) + r * alpha_ps + rows * c_row * max(1, n/k)``:
+  ``r`` round trips of an actor call (dense pull, row pull, push) and a per-row cost
+  ``c_row`` for finding, routing, gathering and scattering each touched row on the
+  worker and applying it on its server (whose share grows with ``n/k``).
 - Staleness: with SSP (s > 0) or ASP the exchange of one step overlaps the next
   step's compute (Ho et al., NIPS 2013), so a step costs ``max(compute, comm)``
   instead of ``compute + comm``.
@@ -66,7 +69,7 @@ class Links:
     latency_s: float = 50e-6  # per all-reduce message
     ps_latency_s: float = 200e-6  # per server round trip (an actor call)
     update_bw: float = 10e9  # bytes/s an optimizer update streams
-    row_s: float = 0.0  # seconds of bookkeeping per touched row (unique, route, gather, scatter)
+    row_s: float = 0.0  # s per touched row: unique, route, gather, scatter, server update
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ def price_ps(w: SparseWorkload, links: Links) -> Price:
     per_worker = pull + push
     comm = (
         max(per_worker / links.worker_bw, w.workers * per_worker / (w.servers * links.server_bw))
-        + 2 * links.latency_s
+        + PS_ROUND_TRIPS * links.ps_latency_s
+        + rows * links.row_s * max(1.0, w.workers / w.servers)
     )
     if not w.serve_dense and w.workers > 1:  # dense part all-reduced among workers
         dense = SparseWorkload(0, w.dim, w.dense_params, 0.0, w.workers)

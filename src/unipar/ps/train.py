@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from unipar.errors import ConfigError
 from unipar.ps.client import PSClient, start_servers
 from unipar.ps.consistency import Consistency, ConsistencySpec
 from unipar.ps.optim import OptimizerKind, OptimizerSpec
@@ -131,7 +132,12 @@ class PSWorker:
                     params[name].copy_(t)
 
     def run(
-        self, data: DataFn, loss_fn: LossFn, budget: Any, quota: int, slowdown: float = 1.0
+        self,
+        data: DataFn,
+        loss_fn: LossFn,
+        budget: Any,
+        quota: int,
+        slowdown: Slowdown | None = None,
     ) -> dict:
         """Run ``quota`` clocks, or while the shared ``budget`` actor gives steps."""
         import ray
@@ -140,7 +146,7 @@ class PSWorker:
         start = time.perf_counter()
         while ray.get(budget.take.remote()) if budget is not None else self.clock < quota:
             self.clock += 1
-            began = time.perf_counter()
+            began, pulling = time.perf_counter(), self.client.traffic.pull_s
             self._touched: dict[str, torch.Tensor] = {}
             if self.local_optimizer is None:
                 self._load_dense()
@@ -159,8 +165,10 @@ class PSWorker:
                 dense = {}
             self.client.push(self.clock, dense, rows)
             losses.append(loss.item())
-            if slowdown > 1:
-                time.sleep((slowdown - 1) * (time.perf_counter() - began))
+            factor = slowdown.factor_at(self.rank, self.clock, self.world) if slowdown else 1.0
+            if factor > 1:  # stretch the worker's own work, not its waits in pulls
+                waited = self.client.traffic.pull_s - pulling
+                time.sleep((factor - 1) * (time.perf_counter() - began - waited))
             step_s.append(time.perf_counter() - began)
         for server in self.client.servers:
             ray.get(server.leave.remote(self.rank))
@@ -188,6 +196,30 @@ class PSWorker:
             dist.all_reduce(g)
             g.div_(self.world)
             self.client.traffic.pushed += g.numel() * g.element_size()
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """A straggler, for experiments: the slow worker sleeps ``factor - 1`` times as long
+    again as each of its steps took, its time in pulls (and their waits) left out.
+    Persistent (``rotate_every=0``): always ``worker``. Transient (``rotate_every=k``):
+    the slow worker changes every ``k`` clocks, worker ``(clock - 1) // k % workers``,
+    so at any time exactly one worker is slow."""
+
+    factor: float = 2.0
+    worker: int = 0
+    rotate_every: int = 0
+
+    def __post_init__(self) -> None:
+        if self.factor < 1 or self.rotate_every < 0 or self.worker < 0:
+            raise ConfigError(
+                f"a slowdown needs factor >= 1, worker >= 0 and rotate_every >= 0, but got "
+                f"factor={self.factor}, worker={self.worker}, rotate_every={self.rotate_every}"
+            )
+
+    def factor_at(self, worker: int, clock: int, workers: int) -> float:
+        slow = (clock - 1) // self.rotate_every % workers if self.rotate_every else self.worker
+        return self.factor if worker == slow else 1.0
 
 
 @dataclass(frozen=True)
@@ -220,7 +252,7 @@ class PSRun:
         workers: int,
         steps: int,
         config: PSConfig,
-        slowdown: dict[int, float] | None = None,
+        slowdown: Slowdown | None = None,
         shared_budget: bool = False,
     ) -> None:
         """``steps`` clocks per worker; with ``shared_budget``, ``steps * workers``
@@ -264,10 +296,7 @@ class PSRun:
             for r in range(workers)
         ]
         self.started = time.perf_counter()
-        self.refs = [
-            w.run.remote(data, loss_fn, budget, steps, (slowdown or {}).get(r, 1.0))
-            for r, w in enumerate(self.workers)
-        ]
+        self.refs = [w.run.remote(data, loss_fn, budget, steps, slowdown) for w in self.workers]
 
     def server_status(self) -> list[dict]:
         import ray
@@ -318,7 +347,7 @@ def train(
     workers: int,
     steps: int,
     config: PSConfig = PSConfig(),
-    slowdown: dict[int, float] | None = None,
+    slowdown: Slowdown | None = None,
     shared_budget: bool = False,
 ) -> PSResult:
     """Train ``factory()`` with parameter servers (see :class:`PSRun`)."""
@@ -334,4 +363,4 @@ def train(
     ).result()
 
 
-__all__ = ["Consistency", "PSConfig", "PSResult", "PSRun", "train"]
+__all__ = ["Consistency", "PSConfig", "PSResult", "PSRun", "Slowdown", "train"]

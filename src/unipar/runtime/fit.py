@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from unipar import validate
-from unipar.errors import UnsupportedPlanError
+from unipar.errors import ConfigError, UnsupportedPlanError
 from unipar.job import Job
-from unipar.plan import Plan, Strategy
+from unipar.plan import GradSync, Plan, Strategy
+from unipar.plan.for_job import serves_embeddings
+from unipar.ps.for_job import check_worth_serving_job, server_optimizer
 from unipar.ray_session import ray_session
 from unipar.runtime.adaptive import check_adaptive_loss
 from unipar.runtime.checkpoint import ensure_writable, resume_point
@@ -19,6 +21,7 @@ from unipar.runtime.config import RunConfig, default_run_dir
 from unipar.runtime.controller import Callback, Controller
 from unipar.runtime.elastic import ElasticController
 from unipar.runtime.elastic_plan import require_resizable, resize_plan, sizes_that_work
+from unipar.runtime.fit_servers import run_on_servers
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.progress import format_summary
 from unipar.runtime.run_trace import write_run_trace
@@ -147,6 +150,15 @@ def fit(
         plan = Plan.data_parallel(most, job.global_batch_size)
     if isinstance(plan, Plan):
         check_plan_for_run(plan, (config.least_workers, config.workers), job.global_batch_size)
+        if plan.grad_sync is GradSync.PARAMETER_SERVER:
+            server_optimizer(job)  # the job's rules for servers, before anything starts
+            check_worth_serving_job(job)
+            if config.resume:
+                raise ConfigError(
+                    f"a parameter-server run does not resume from a checkpoint (its servers "
+                    f"restore their own snapshots while it runs), but got resume="
+                    f"{config.resume!r}; leave resume out"
+                )
         _check_model_takes_plan(job, plan)
         if config.elastic:
             require_resizable(plan, config.least_workers, config.workers)
@@ -159,9 +171,27 @@ def fit(
         with ray_session(address):
             check_cluster_resources(config)
             ensure_writable(config.checkpoints)
-            if strategy is not None and not config.elastic:
-                plan, explanation = _plan_on_live_cluster(job, config, strategy)
-                print(explanation, flush=True)
+            if strategy is not None and (not config.elastic or serves_embeddings(job)):
+                planned, said = _plan_on_live_cluster(job, config, strategy)
+                if not config.elastic or planned.grad_sync is GradSync.PARAMETER_SERVER:
+                    plan, explanation, strategy = planned, said, None
+                    print(explanation, flush=True)
+            if isinstance(plan, Plan) and plan.grad_sync is GradSync.PARAMETER_SERVER:
+                try:
+                    served = run_on_servers(job, plan, config, metrics)
+                finally:
+                    metrics.close()
+                return FitResult(
+                    history=served.history,
+                    final_checkpoint=served.model_path,
+                    run_dir=run_dir,
+                    metrics_path=metrics.path,
+                    checkpoint_dir=config.checkpoints,
+                    failures=0,
+                    wall_time_s=time.perf_counter() - started,
+                    plan=plan,
+                    explanation=explanation,
+                )
             if config.elastic:
                 plan_for = _ElasticPlans(job, config, plan if strategy is None else strategy)
                 controller: Controller | ElasticController = ElasticController(

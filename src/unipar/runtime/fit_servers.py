@@ -1,0 +1,72 @@
+"""``fit`` for a plan on parameter servers: start the servers and workers
+(:mod:`unipar.ps.for_job`), show progress from the servers' applied step, write the
+metrics and the trained model. A server killed mid-run is restarted by Ray from its
+latest snapshot (every ``checkpoint_every`` steps) and the workers carry on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from unipar.job import Job
+from unipar.plan.representation import Plan
+from unipar.runtime.config import RunConfig
+from unipar.runtime.metrics import MetricsWriter, StepMetrics
+from unipar.runtime.progress import ProgressBar
+
+MODEL_FILE = "model.pt"  # the trained model's consolidated state dict (torch.save)
+
+
+@dataclass(frozen=True)
+class ServersOutcome:
+    history: tuple[StepMetrics, ...]
+    model_path: Path
+    servers: int
+
+
+def alive_nodes() -> int:
+    import ray
+
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
+def run_on_servers(
+    job: Job, plan: Plan, config: RunConfig, metrics: MetricsWriter
+) -> ServersOutcome:
+    """Train ``job`` with ``plan`` (``grad_sync='parameter_server'``): one server per
+    node of the connected cluster, BSP."""
+    from unipar.ps.for_job import history_of, start_job_on_servers
+
+    servers = max(1, alive_nodes())
+    directory = config.checkpoints
+    run = start_job_on_servers(
+        job,
+        plan,
+        servers=servers,
+        snapshot_dir=str(directory / "servers"),
+        snapshot_every=config.checkpoint_interval(job.steps),
+    )
+    bar = ProgressBar(job.steps, enabled=config.progress)
+    try:
+        while not _wait(run.refs, 0.5):
+            bar.start_at(min(s["applied"] for s in run.server_status()))
+        result = run.result()
+    finally:
+        bar.close()
+    sample = job.dataset()[0][1]
+    history = history_of(job, result, sample.numel() if torch.is_tensor(sample) else 1)
+    for step in history:
+        metrics.write(step)
+    model_path = directory / MODEL_FILE
+    torch.save(result.params, model_path)
+    return ServersOutcome(history, model_path, servers)
+
+
+def _wait(refs: list, timeout_s: float) -> bool:
+    """Whether every worker has finished, waiting up to ``timeout_s``."""
+    import ray
+
+    _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    return not pending

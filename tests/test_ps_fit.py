@@ -1,0 +1,108 @@
+"""``fit`` runs a parameter-server plan (chosen by the planner for a model whose
+embedding table dominates) and reproduces one process's training on the same global
+batches: losses within 1e-5 relative, final weights within 1e-5."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import pytest
+import ray
+import torch
+from torch.utils.data import TensorDataset, default_collate
+
+from unipar import Job, fit
+from unipar.data.sampler import GlobalBatchSampler
+from unipar.errors import ConfigError
+from unipar.job import OptimizerKind, OptimizerSpec
+from unipar.models.ctr import CTRModel
+from unipar.plan import GradSync, Mesh, Plan
+
+ROWS, FIELDS, BATCH, STEPS, LR = 20_000, 4, 16, 5, 0.5
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the job runs remotely
+
+
+def clicks(rows: int = ROWS) -> TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, rows, (256, FIELDS), generator=g)
+    return TensorDataset(ids, (torch.sin(ids.sum(1).double()) > 0).float())
+
+
+def bce(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.binary_cross_entropy_with_logits(outputs, targets)
+
+
+def ctr_job(rows: int = ROWS, **changes) -> Job:
+    fields = {
+        "model": functools.partial(CTRModel, rows, 4, FIELDS, 8),
+        "dataset": functools.partial(clicks, rows),
+        "global_batch_size": BATCH,
+        "steps": STEPS,
+        "loss": bce,
+        "optimizer": OptimizerSpec(OptimizerKind.SGD, lr=LR),
+        "seed": 3,
+        "name": "ctr",
+    }
+    return Job(**(fields | changes))
+
+
+def one_process(job: Job) -> tuple[list[float], dict[str, torch.Tensor]]:
+    torch.manual_seed(job.seed)
+    model = job.model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    data = job.dataset()
+    sampler = GlobalBatchSampler(len(data), job.global_batch_size, job.seed)
+    losses = []
+    for step in range(job.steps):
+        inputs, targets = default_collate([data[int(i)] for i in sampler.global_indices(step)])
+        opt.zero_grad()
+        loss = job.loss(model(inputs), targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {n: p.detach() for n, p in model.state_dict().items()}
+
+
+def _assert_same_training(result, job: Job) -> None:
+    want_losses, want = one_process(job)
+    assert result.losses == pytest.approx(want_losses, rel=1e-5)
+    got = torch.load(result.final_checkpoint, weights_only=True)
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-5)
+
+
+def test_parameter_server_plan_equals_one_process(ray_cluster, tmp_path):
+    job = ctr_job()
+    plan = Plan(mesh=Mesh(dp=2), microbatch_size=BATCH // 2, grad_sync=GradSync.PARAMETER_SERVER)
+    result = fit(job, workers=2, plan=plan, run_dir=tmp_path, progress=False)
+    assert result.plan.grad_sync is GradSync.PARAMETER_SERVER
+    assert [m.step for m in result.history] == list(range(STEPS))
+    _assert_same_training(result, job)
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == STEPS
+
+
+def test_the_planner_chooses_servers_for_a_dominant_table_and_fit_runs_them(
+    ray_cluster, tmp_path, capsys
+):
+    job = ctr_job(rows=2_000_000)  # an all-reduce moves 32 MB a step, servers ~2 KB
+    result = fit(job, workers=2, plan="auto", run_dir=tmp_path, progress=False)
+    assert result.plan.grad_sync is GradSync.PARAMETER_SERVER
+    assert "gradients      parameter servers" in result.explanation
+    assert "gradients      parameter servers" in capsys.readouterr().out
+    _assert_same_training(result, job)
+
+
+@pytest.mark.parametrize(
+    ("changes", "pattern"),
+    [
+        ({"optimizer": OptimizerSpec(OptimizerKind.SGD, lr=0.1, momentum=0.9)}, "momentum=0.9"),
+        ({"optimizer": OptimizerSpec(OptimizerKind.ADAMW, weight_decay=0.1)}, "weight_decay=0.1"),
+        ({"grad_clip_norm": 1.0}, "grad_clip_norm=1.0"),
+    ],
+)
+def test_a_job_the_servers_cannot_run_is_refused_before_ray(changes, pattern, tmp_path):
+    plan = Plan(mesh=Mesh(dp=2), microbatch_size=BATCH // 2, grad_sync=GradSync.PARAMETER_SERVER)
+    with pytest.raises(ConfigError, match=pattern):
+        fit(ctr_job(**changes), workers=2, plan=plan, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
