@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 _INT_KEYS = {"tp", "pp", "dp", "fsdp", "cp", "microbatch_size", "virtual_stages", "recompute_every"}
 _ENUM_KEYS = {"schedule", "recompute"}
 _BOOL_KEYS = {"sequence_parallel", "distributed_optimizer"}
-_MODELS = ("gpt", "llama", "mlp")
+_MODELS = ("gpt", "llama", "mlp", "ctr")
 
 
 def parse_fix(text: str | None):  # type: ignore[no-untyped-def]
@@ -88,6 +88,10 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
             kv_heads=args.kv_heads or args.heads,
             ffn_hidden=args.ffn_hidden or 4 * args.hidden,
         ).spec()
+    if args.model == "ctr":
+        from unipar.models.ctr import ctr_spec
+
+        return ctr_spec(rows=args.vocab, dim=args.hidden, fields=args.in_features)
     return MLPConfig(
         in_features=args.in_features,
         hidden=args.hidden,
@@ -159,8 +163,9 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "model",
-        help="gpt, llama, mlp, or hf:PATH/config.json (a Hugging Face config of the Llama, "
-        "Qwen2, Mistral or GPT-2 family; needs unipar[hf])",
+        help="gpt, llama, mlp, ctr (an embedding table of --vocab rows and --hidden width "
+        "looked up by --in-features id fields, then an MLP), or hf:PATH/config.json (a "
+        "Hugging Face config of the Llama, Qwen2, Mistral or GPT-2 family; needs unipar[hf])",
     )
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--layers", type=int, default=12)
@@ -171,7 +176,7 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--dropout", type=float, default=0.1, help="gpt: as in Megatron-LM")
     parser.add_argument("--untied-embeddings", action="store_true", help="gpt")
-    parser.add_argument("--in-features", type=int, default=32, help="mlp")
+    parser.add_argument("--in-features", type=int, default=32, help="mlp; ctr: id fields")
     parser.add_argument("--out-features", type=int, default=10, help="mlp")
     parser.add_argument("--global-batch", type=int, required=True)
     parser.add_argument(

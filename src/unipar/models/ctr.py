@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from unipar.models.spec import ModelSpec
+
 
 class CTRModel(nn.Module):
     def __init__(
@@ -23,6 +25,17 @@ class CTRModel(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.embedding(ids).flatten(1)).squeeze(-1)
+
+
+def ctr_spec(rows: int, dim: int = 8, fields: int = 4, hidden: int = 32) -> ModelSpec:
+    """The planner's view of :class:`CTRModel`: one sample is ``fields`` ids."""
+    import functools
+
+    return ModelSpec(
+        name=f"ctr-{rows}x{dim}",
+        factory=functools.partial(CTRModel, rows, dim, fields, hidden),
+        sample_shape=(fields,),
+    )
 
 
 @dataclass(frozen=True)

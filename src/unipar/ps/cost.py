@@ -125,7 +125,7 @@ def choose_grad_sync(w: SparseWorkload, links: Links) -> SyncChoice:
     reason = (
         f"{kind.value}: {win.step_s * 1e3:.1f} ms/step vs {lose.step_s * 1e3:.1f} ms for "
         f"{lose.kind.value}; a worker moves {win.bytes_per_worker / 2**20:.2f} MiB vs "
-        f"{lose.bytes_per_worker / 2**20:.2f} MiB (touched rows {w.touched_fraction:.2%} "
+        f"{lose.bytes_per_worker / 2**20:.2f} MiB (touched rows {w.touched_fraction * 100:.3g}% "
         f"of {w.table_rows:,}, {w.servers} server(s), {w.workers} workers"
         + (f", staleness {w.staleness} overlaps the exchange" if w.staleness > 0 else "")
         + ")"
