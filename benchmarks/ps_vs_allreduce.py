@@ -241,8 +241,8 @@ def heldout_loss(params: dict[str, torch.Tensor], data: ZipfClicks, args) -> flo
 
 
 def straggler_run(args, spec: ConsistencySpec, slowdown: Slowdown) -> tuple[float, float]:
-    """4 workers sharing ``4 * --straggler-steps`` worker-steps: (worker-steps/s, held-out
-    loss)."""
+    """``--straggler-workers`` sharing ``--straggler-steps`` worker-steps each:
+    (worker-steps/s, held-out loss)."""
     data = ZipfClicks(args.straggler_rows, batch=256, fields=FIELDS, delay_s=args.delay)
     factory = functools.partial(CTRModel, args.straggler_rows, args.dim, FIELDS, seed=0)
     config = PSConfig(
@@ -252,7 +252,7 @@ def straggler_run(args, spec: ConsistencySpec, slowdown: Slowdown) -> tuple[floa
         factory,
         data,
         ctr_loss,
-        workers=4,
+        workers=args.straggler_workers,
         steps=args.straggler_steps,
         config=config,
         slowdown=slowdown,
@@ -277,7 +277,7 @@ def straggler(args) -> dict[tuple[str, Consistency], tuple[float, float]]:
     }
     kinds = {
         "transient": Slowdown(2.0, rotate_every=args.rotate_every),
-        "persistent": Slowdown(2.0, worker=3),
+        "persistent": Slowdown(2.0, worker=args.straggler_workers - 1),
     }
     out = {}
     for kind, slowdown in kinds.items():
@@ -299,6 +299,7 @@ def main() -> None:
     )
     parser.add_argument("--straggler-rows", type=int, default=100_000)
     parser.add_argument("--straggler-steps", type=int, default=40)
+    parser.add_argument("--straggler-workers", type=int, default=4)
     parser.add_argument("--staleness", type=int, default=4)
     parser.add_argument(
         "--rotate-every", type=int, default=2, help="clocks per transient straggler"

@@ -10,8 +10,8 @@ from unipar.plan.for_job import job_model_spec
 
 
 def planned(job: Job, workers: int, **pinned) -> Plan:  # type: ignore[no-untyped-def]
-    axes = {axis: pinned.pop(axis, 1) for axis in ("dp", "fsdp", "tp", "pp")}
-    assert axes["dp"] * axes["fsdp"] * axes["tp"] * axes["pp"] == workers
+    axes = {axis: pinned.pop(axis, 1) for axis in ("dp", "fsdp", "tp", "pp", "cp")}
+    assert axes["dp"] * axes["fsdp"] * axes["tp"] * axes["pp"] * axes["cp"] == workers
     cluster = cluster_preset("a100-80g", nodes=1, devices_per_node=workers)
     report = plan(
         job_model_spec(job),

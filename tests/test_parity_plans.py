@@ -85,6 +85,9 @@ CASES = {
     "mlp-fsdp2": (tiny_mlp_job, 2, {"fsdp": 2}),
     "user-model-pp2": (user_model_job, 2, {"pp": 2, "microbatch_size": 2}),
     "user-model-tp2": (user_model_job, 2, {"tp": 2}),
+    "cp2": (gpt, 2, {"cp": 2}),
+    "llama-cp2": (tiny_llama_job, 2, {"cp": 2}),
+    "dp2xcp2": (gpt, 4, {"dp": 2, "cp": 2}),
 }
 
 
@@ -93,7 +96,7 @@ def test_plan_matches_single_process(ray_cluster, tmp_path, case):
     make_job, workers, pinned = CASES[case]
     job = make_job()
     plan = planned(job, workers, **pinned)
-    for axis in ("dp", "fsdp", "tp", "pp"):
+    for axis in ("dp", "fsdp", "tp", "pp", "cp"):
         assert getattr(plan.mesh, axis) == pinned.get(axis, 1)
     expected_losses, expected_weights = single_process_losses(job)
     result = fit(job, workers=workers, plan=plan, run_dir=tmp_path, progress=False)

@@ -117,7 +117,7 @@ def test_mesh_coordinates_put_tp_innermost():
     ("changes", "pattern"),
     [
         ({"mesh": Mesh(fsdp=2), "distributed_optimizer": True}, "distributed optimizer"),
-        ({"mesh": Mesh(cp=2), "microbatch_size": 8}, "context parallelism"),
+        ({"mesh": Mesh(cp=2, fsdp=2), "microbatch_size": 4}, "context parallelism with fsdp"),
     ],
 )
 def test_fit_refuses_plans_the_runtime_cannot_apply(changes, pattern):
@@ -130,5 +130,7 @@ def test_fit_refuses_plans_the_runtime_cannot_apply(changes, pattern):
     runnable = Plan.data_parallel(2, 8)
     check_plan_for_run(runnable, 2, 8)
     check_plan_for_run(replace(runnable, distributed_optimizer=True), 2, 8)  # ZeRO-1 over dp
+    check_plan_for_run(replace(runnable, mesh=Mesh(cp=2), microbatch_size=8), 2, 8)  # cp alone
+    refused = replace(runnable, **changes)
     with pytest.raises(ConfigError, match=pattern):
-        check_plan_for_run(replace(runnable, **changes), 2, 8)
+        check_plan_for_run(refused, refused.mesh.world_size, 8)

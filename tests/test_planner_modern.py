@@ -174,7 +174,7 @@ def test_runtime_support_names_every_new_option():
     assert plan_features(zero1) == {Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER}
     assert unsupported_features(zero1) == []  # the runtime applies it over dp alone
     messages = unsupported_features(everything, lacking=frozenset(Feature))
-    assert len(messages) == 4 and all("runtime cannot apply" in m for m in messages)
+    assert len(messages) == 5 and all("runtime cannot apply" in m for m in messages)
     selective = Plan(recompute=Recompute.SELECTIVE)
     assert "recompute 'none' or 'full'" in unsupported_features(selective, frozenset(Feature))[0]
     assert unsupported_features(selective) == []  # the runtime applies it (parity tests)

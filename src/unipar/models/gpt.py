@@ -115,6 +115,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
+        self.position_offset = 0  # the first token's position (context parallelism)
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden)
         self.pos_embeddings = nn.Embedding(config.seq_len, config.hidden)
         self.layers = nn.ModuleDict({str(i): Block(config) for i in range(config.layers)})
@@ -154,7 +155,8 @@ class GPT(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = tokens
         if self.tok_embeddings is not None:
-            positions = torch.arange(tokens.size(1), device=tokens.device)
+            first = self.position_offset  # context parallelism: this rank's first token
+            positions = torch.arange(first, first + tokens.size(1), device=tokens.device)
             h = self.tok_embeddings(tokens) + self.pos_embeddings(positions)
         for block in self.layers.values():
             h = block(h)

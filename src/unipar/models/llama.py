@@ -73,10 +73,12 @@ def rope_tables(config: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return angles.cos(), angles.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of ``x`` [batch, heads, seq, head_dim]."""
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, offset: int = 0
+) -> torch.Tensor:
+    """Rotate pairs of ``x`` [batch, heads, seq, head_dim] at positions ``offset`` on."""
     first, second = x[..., ::2], x[..., 1::2]
-    cos, sin = cos[: x.size(-2)], sin[: x.size(-2)]
+    cos, sin = cos[offset : offset + x.size(-2)], sin[offset : offset + x.size(-2)]
     rotated = torch.stack((first * cos - second * sin, first * sin + second * cos), dim=-1)
     return rotated.flatten(-2)
 
@@ -93,6 +95,8 @@ class Attention(nn.Module):
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        # the position of this input's first token (context parallelism sets it per rank)
+        self.position_offset = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -100,8 +104,8 @@ class Attention(nn.Module):
             w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
             for w in (self.wq, self.wk, self.wv)
         )
-        q = apply_rope(q, self.rope_cos, self.rope_sin)
-        k = apply_rope(k, self.rope_cos, self.rope_sin)
+        q = apply_rope(q, self.rope_cos, self.rope_sin, self.position_offset)
+        k = apply_rope(k, self.rope_cos, self.rope_sin, self.position_offset)
         k, v = k.repeat_interleave(self.groups, dim=1), v.repeat_interleave(self.groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))

@@ -14,6 +14,7 @@ class Feature(Enum):
     """A plan option beyond data, sharded data, tensor and pipeline parallelism."""
 
     CONTEXT_PARALLEL = "context parallelism (mesh.cp > 1)"
+    CONTEXT_PARALLEL_COMBINED = "context parallelism with fsdp, tp or pp"
     SEQUENCE_PARALLEL = "sequence parallelism (sequence_parallel=true)"
     # the runtime shards optimizer state over plain data parallelism (dp alone)
     DATA_PARALLEL_DISTRIBUTED_OPTIMIZER = "a distributed optimizer, ZeRO-1, over dp alone"
@@ -31,14 +32,16 @@ RUNTIME_LACKS: frozenset[Feature] = frozenset(Feature) - {
     Feature.PARTIAL_RECOMPUTE,
     Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER,
     Feature.SEQUENCE_PARALLEL,
+    Feature.CONTEXT_PARALLEL,
 }
+# Options the runtime applies that live planning (fit's strategies) does not propose yet:
+# context parallelism needs a model that shifts its positions (unipar's GPT and Llama).
+LIVE_PLANNING_SKIPS: frozenset[Feature] = RUNTIME_LACKS | {Feature.CONTEXT_PARALLEL}
 
 _FIXES = {
-    Feature.CONTEXT_PARALLEL: (
-        "set mesh.cp to 1 (use tp, pp or fsdp for long sequences): the runtime has no "
-        "context-parallel attention yet (PyTorch's ring attention has no CPU kernel: "
-        "aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy in torch "
-        "2.13; its CUDA path is not wired in); the planner still prices cp plans"
+    Feature.CONTEXT_PARALLEL: "set mesh.cp to 1",
+    Feature.CONTEXT_PARALLEL_COMBINED: (
+        "combine cp with dp only (pp, fsdp and tp 1), or set mesh.cp to 1"
     ),
     Feature.SEQUENCE_PARALLEL: "set sequence_parallel to false",
     Feature.DATA_PARALLEL_DISTRIBUTED_OPTIMIZER: "set distributed_optimizer to false",
@@ -55,6 +58,8 @@ def plan_features(plan: Plan) -> set[Feature]:
     used = set()
     if plan.mesh.cp > 1:
         used.add(Feature.CONTEXT_PARALLEL)
+        if (plan.mesh.pp, plan.mesh.fsdp, plan.mesh.tp) != (1, 1, 1):
+            used.add(Feature.CONTEXT_PARALLEL_COMBINED)
     if plan.sequence_parallel:
         used.add(Feature.SEQUENCE_PARALLEL)
     if plan.distributed_optimizer:

@@ -26,7 +26,7 @@ from unipar.cluster.spec import AttentionKernel, ClusterSpec
 from unipar.errors import ConfigError
 from unipar.plan.cost import CostModel, Estimate, tensor_parallel_styles
 from unipar.plan.representation import Mesh, PipelineSchedule, Plan, Recompute
-from unipar.plan.runtime_support import RUNTIME_LACKS, Feature
+from unipar.plan.runtime_support import LIVE_PLANNING_SKIPS, Feature
 
 VIRTUAL_STAGES = (2, 3, 4, 6, 8)  # interleaving depths tried
 RECOMPUTE_EVERY = (4, 2, 1)  # full recompute of every n-th layer, fewest layers first
@@ -60,7 +60,7 @@ class Constraints:
     runtime_only: bool = False
 
     def allows(self, feature: Feature) -> bool:
-        return not (self.runtime_only and feature in RUNTIME_LACKS)
+        return not (self.runtime_only and feature in LIVE_PLANNING_SKIPS)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from unipar.analysis.profile import SkipInPlaceOnMeta
 from unipar.errors import UnsupportedPlanError
@@ -32,6 +33,11 @@ from unipar.models import hf
 from unipar.plan import Plan
 from unipar.plan.representation import MeshCoordinates
 from unipar.runtime import stages as stage_cuts
+from unipar.runtime.context_parallel import (
+    apply_context_parallel,
+    check_context_parallel,
+    sequence_chunk,
+)
 from unipar.runtime.data_parallel import apply_ddp, apply_fully_shard, uses_fully_shard
 from unipar.runtime.distributed_optimizer import check_distributed_optimizer
 from unipar.runtime.recompute import apply_recompute
@@ -84,7 +90,7 @@ class ParallelModel:
     @property
     def counts_samples(self) -> bool:
         """One rank per data replica counts the replica's samples."""
-        return self.first_stage and self.coordinates.tp == 0
+        return self.first_stage and self.coordinates.tp == 0 and self.coordinates.cp == 0
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
@@ -106,6 +112,11 @@ class ParallelModel:
             return loss
         total = torch.zeros(())
         for index, (inputs, targets) in enumerate(microbatches):
+            if self.plan.mesh.cp > 1:  # this rank's chunk of every sequence
+                inputs, targets = (
+                    sequence_chunk(t, self.coordinates.cp, self.plan.mesh.cp)
+                    for t in (inputs, targets)
+                )
             last = index == len(microbatches) - 1
             with _gradient_sync(
                 self.parts[0], enabled=last, keep_gathered=not self.plan.reshard_after_forward
@@ -278,6 +289,10 @@ def parallelize(
     coordinates = mesh.coordinates(rank)
     torch.manual_seed(seed)
     reference = hf.disable_cache(build())
+    if mesh.cp > 1:
+        check_context_parallel(reference, plan)
+        cp_mesh = init_device_mesh(device.type, (mesh.dp, mesh.cp), mesh_dim_names=("dp", "cp"))
+        apply_context_parallel(reference, cp_mesh["cp"], coordinates.cp)
     if (mesh.pp, mesh.fsdp, mesh.tp) == (1, 1, 1):
         model = apply_recompute(reference, plan).to(device)
         if world_size > 1:
@@ -318,8 +333,6 @@ def parallelize(
 
 
 def _device_mesh(plan: Plan, device: torch.device) -> Any:
-    from torch.distributed.device_mesh import init_device_mesh
-
     mesh = plan.mesh
     return init_device_mesh(
         device.type,
