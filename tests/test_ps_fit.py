@@ -106,3 +106,21 @@ def test_a_job_the_servers_cannot_run_is_refused_before_ray(changes, pattern, tm
     with pytest.raises(ConfigError, match=pattern):
         fit(ctr_job(**changes), workers=2, plan=plan, run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "pattern"),
+    [({"trace_steps": 2}, "takes no trace_steps"), ({"resume": True}, "takes no resume")],
+)
+def test_run_options_the_servers_lack_are_refused_before_ray(options, pattern, tmp_path):
+    plan = Plan(mesh=Mesh(dp=2), microbatch_size=BATCH // 2, grad_sync=GradSync.PARAMETER_SERVER)
+    with pytest.raises(ConfigError, match=pattern):
+        fit(ctr_job(), workers=2, plan=plan, run_dir=tmp_path / "run", **options)
+
+
+def test_auto_keeps_all_reduce_for_a_job_the_servers_cannot_run(ray_cluster, tmp_path):
+    momentum = OptimizerSpec(OptimizerKind.SGD, lr=0.1, momentum=0.9)
+    job = ctr_job(rows=2_000_000, optimizer=momentum, steps=2)
+    result = fit(job, workers=2, plan="auto", run_dir=tmp_path, progress=False)
+    assert result.plan.grad_sync is GradSync.ALL_REDUCE
+    assert len(result.history) == 2

@@ -50,7 +50,19 @@ def serves_embeddings(job: Job) -> bool:
     return sparse_facts(job_model_spec(job)).table_share >= WORTH_SERVING_SHARE
 
 
-def plan_job(job: Job, cluster: ClusterSpec, strategy: Strategy = Strategy.AUTO) -> PlanReport:
+def plan_job(
+    job: Job,
+    cluster: ClusterSpec,
+    strategy: Strategy = Strategy.AUTO,
+    *,
+    consider_servers: bool = True,
+) -> PlanReport:
     """The planner's report for ``job`` on all of ``cluster``'s devices."""
     constraints = constraints_for(strategy, cluster.num_devices)
-    return plan(job_model_spec(job), cluster, job.global_batch_size, constraints=constraints)
+    return plan(
+        job_model_spec(job),
+        cluster,
+        job.global_batch_size,
+        constraints=constraints,
+        consider_servers=consider_servers,
+    )

@@ -148,12 +148,15 @@ def plan(
     *,
     constraints: Constraints | None = None,
     keep: int = 8,
+    consider_servers: bool = True,
 ) -> PlanReport:
     """Choose how to train ``model`` on ``cluster``; nothing is allocated or run.
     ``keep``: how many of the fitting plans the report ranks.
 
     ``model`` is a :class:`~unipar.models.ModelSpec`: the reference configs make one with
     ``.spec()``, or wrap your own factory with ``ModelSpec(name, factory, sample_shape)``.
+    ``consider_servers``: also price parameter servers for the gradient exchange
+    (:mod:`unipar.plan.grad_sync`; False where the run could not use them).
     """
     import time
 
@@ -173,13 +176,17 @@ def plan(
     )
     analysis_time = time.perf_counter() - started
     result = search(profile, cluster, global_batch_size, constraints or Constraints(), keep=keep)
-    decision = decide_grad_sync(
-        profile,
-        sparse_facts(model),
-        cluster,
-        global_batch_size,
-        constraints or Constraints(),
-        result.best,
+    decision = (
+        decide_grad_sync(
+            profile,
+            sparse_facts(model),
+            cluster,
+            global_batch_size,
+            constraints or Constraints(),
+            result.best,
+        )
+        if consider_servers
+        else None
     )
     return PlanReport(
         result=result,

@@ -153,11 +153,11 @@ def fit(
         if plan.grad_sync is GradSync.PARAMETER_SERVER:
             server_optimizer(job)  # the job's rules for servers, before anything starts
             check_worth_serving_job(job)
-            if config.resume:
+            refusal = _servers_run_refusal(config, callbacks, size_target)
+            if refusal:
                 raise ConfigError(
-                    f"a parameter-server run does not resume from a checkpoint (its servers "
-                    f"restore their own snapshots while it runs), but got resume="
-                    f"{config.resume!r}; leave resume out"
+                    f"a parameter-server run takes no {refusal}; leave it out, or pass "
+                    "grad_sync='all_reduce'"
                 )
         _check_model_takes_plan(job, plan)
         if config.elastic:
@@ -171,8 +171,9 @@ def fit(
         with ray_session(address):
             check_cluster_resources(config)
             ensure_writable(config.checkpoints)
-            if strategy is not None and (not config.elastic or serves_embeddings(job)):
-                planned, said = _plan_on_live_cluster(job, config, strategy)
+            servers = servers_usable(job, config, callbacks, size_target)
+            if strategy is not None and (not config.elastic or servers):
+                planned, said = _plan_on_live_cluster(job, config, strategy, servers=servers)
                 if not config.elastic or planned.grad_sync is GradSync.PARAMETER_SERVER:
                     plan, explanation, strategy = planned, said, None
                     print(explanation, flush=True)
@@ -252,7 +253,7 @@ class _ElasticPlans:
     def _derive(self, workers: int) -> Plan:
         if isinstance(self.plan, Strategy):
             sized = replace(self.config, workers=workers, min_workers=None)
-            plan, explanation = _plan_on_live_cluster(self.job, sized, self.plan)
+            plan, explanation = _plan_on_live_cluster(self.job, sized, self.plan, servers=False)
             if self.explanation is None:
                 print(explanation, flush=True)
             self.explanation = explanation
@@ -267,6 +268,39 @@ class _ElasticPlans:
                 f"{', '.join(map(str, works)) or 'none'}"
             )
         return resized
+
+
+def servers_usable(
+    job: Job,
+    config: RunConfig,
+    callbacks: Sequence[Callback],
+    size_target: Callable[[], int | None] | None,
+) -> bool:
+    """Whether the planner may put this run on parameter servers: a model with tables
+    worth serving, a job the servers can train (:func:`server_optimizer`), and none of
+    the run options their path lacks (resume, callbacks, tracing, an outside size)."""
+    if _servers_run_refusal(config, callbacks, size_target):
+        return False
+    try:
+        server_optimizer(job)
+    except ConfigError:
+        return False
+    return serves_embeddings(job)
+
+
+def _servers_run_refusal(
+    config: RunConfig,
+    callbacks: Sequence[Callback],
+    size_target: Callable[[], int | None] | None,
+) -> str:
+    """The run option the parameter-server path lacks, if any ('' when none)."""
+    if config.resume:
+        return f"resume (got {config.resume!r}: its servers restore their own snapshots)"
+    if callbacks:
+        return f"callbacks (got {len(callbacks)})"
+    if config.trace_steps is not None:
+        return f"trace_steps (got {config.trace_steps})"
+    return "size_target (an elastic bound)" if size_target else ""
 
 
 def _missing_directories(*paths: Path) -> list[Path]:
@@ -306,8 +340,11 @@ def _check_model_takes_plan(job: Job, plan: Plan) -> None:
     check_plan_for_model(model, plan)
 
 
-def _plan_on_live_cluster(job: Job, config: RunConfig, strategy: Strategy) -> tuple[Plan, str]:
-    """The planner's choice for ``job`` on the connected cluster, and its explanation."""
+def _plan_on_live_cluster(
+    job: Job, config: RunConfig, strategy: Strategy, *, servers: bool
+) -> tuple[Plan, str]:
+    """The planner's choice for ``job`` on the connected cluster, and its explanation;
+    ``servers``: parameter servers may be chosen for the gradient exchange."""
     from unipar.cluster.live import live_cluster_spec
     from unipar.plan.for_job import plan_job
 
@@ -316,6 +353,6 @@ def _plan_on_live_cluster(job: Job, config: RunConfig, strategy: Strategy) -> tu
         cpus_per_worker=config.cpus_per_worker,
         gpus_per_worker=config.gpus_per_worker,
     )
-    report = plan_job(job, cluster, strategy)
+    report = plan_job(job, cluster, strategy, consider_servers=servers)
     _check_model_takes_plan(job, report.best.plan)
     return report.best.plan, report.explain()
