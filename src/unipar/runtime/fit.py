@@ -354,5 +354,19 @@ def _plan_on_live_cluster(
         gpus_per_worker=config.gpus_per_worker,
     )
     report = plan_job(job, cluster, strategy, consider_servers=servers)
-    _check_model_takes_plan(job, report.best.plan)
-    return report.best.plan, report.explain()
+    explanation = report.explain()
+    ranked = [report.best.plan, *(c.plan for c in report.result.ranked)]
+    refusals = []
+    for plan in ranked:  # the first the model takes (tp must divide its layers' widths)
+        try:
+            _check_model_takes_plan(job, plan)
+        except UnsupportedPlanError as error:
+            refusals.append(f"{plan.mesh}: {error}")
+            continue
+        if refusals:
+            explanation += "\n\nthe model cannot take " + "; ".join(refusals)
+            explanation += f"\nrunning the next ranked plan: {plan.mesh}"
+        return plan, explanation
+    raise UnsupportedPlanError(
+        "the model takes none of the plans the planner ranked: " + "; ".join(refusals)
+    )
