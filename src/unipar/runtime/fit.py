@@ -171,7 +171,7 @@ def fit(
         with ray_session(address):
             check_cluster_resources(config)
             ensure_writable(config.checkpoints)
-            servers = servers_usable(job, config, callbacks, size_target)
+            servers = strategy is not None and servers_usable(job, config, callbacks, size_target)
             if strategy is not None and (not config.elastic or servers):
                 planned, said = _plan_on_live_cluster(job, config, strategy, servers=servers)
                 if not config.elastic or planned.grad_sync is GradSync.PARAMETER_SERVER:
@@ -283,9 +283,11 @@ def servers_usable(
         return False
     try:
         server_optimizer(job)
+        return serves_embeddings(job)
     except ConfigError:
         return False
-    return serves_embeddings(job)
+    except Exception:  # a model or dataset that fails here is left to the planner/workers
+        return False
 
 
 def _servers_run_refusal(
