@@ -45,15 +45,18 @@ def test_smoothed_noise_scale_converges_and_one_gradient_is_skipped():
 
 
 def test_gain_rules_and_progress():
-    sqr, var = 1.0, 100.0  # B_simple = 100
+    sqr, var = 1.0, 100.0  # tr(Σ) per sample: B_simple = 100
     assert lr_factor(LRRule.ADASCALE, 32, 32, sqr, var) == pytest.approx(1.0)
-    r = (var + sqr) / (var / 4 + sqr)
+    # McCandlish et al. 2018 eq. 2.11 / Pollux eq. 6: E = (B + M0) / (B + M), r = S·E
+    r = 4 * (100 + 32) / (100 + 128)
+    assert r == pytest.approx((var / 32 + sqr) / (var / 128 + sqr))  # AdaScale, var at M0
     assert lr_factor(LRRule.ADASCALE, 128, 32, sqr, var) == pytest.approx(r)
     assert lr_factor(LRRule.POLLUX, 128, 32, sqr, var) == pytest.approx(math.sqrt(r))
     assert lr_factor(LRRule.SQRT, 128, 32, sqr, var) == pytest.approx(2.0)
     assert progress_step(128, 32, sqr, var) == pytest.approx(r)
     assert efficiency(128, 32, sqr, var) == pytest.approx(r / 4)
-    # no noise: a batch 4x as big makes 4x the progress (perfect scaling, efficiency 1)
+    # no noise: a batch 4x as big makes no more progress than M0 (efficiency 1/4); all
+    # noise: 4x the progress (efficiency 1)
     assert efficiency(128, 32, 1.0, 0.0) == pytest.approx(0.25)
     assert efficiency(128, 32, 0.0 + 1e-30, 1.0) == pytest.approx(1.0)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from unipar.adapt.lr import efficiency
+from unipar.adapt.lr import efficiency, var_at_init
 from unipar.adapt.noise import NoiseEstimate
 from unipar.sched.goodput import JobArrays, goodput_table
 from unipar.sched.throughput import Observation, ThroughputModel, fit
@@ -61,7 +61,7 @@ def choose(
     jobs = JobArrays(
         params=model.as_array()[None, :],
         grad_sqr=np.array([noise.sqr]),
-        grad_var=np.array([noise.var]),
+        grad_var=np.array([var_at_init(noise.var, init_batch)]),  # Pollux's: at M0
         init_batch=np.array([float(init_batch)]),
         max_batch=np.array([float(max_batch)]),
         min_local=np.array([1.0]),
