@@ -6,11 +6,14 @@ Tasks, each on the same 2 data-parallel workers:
 - digits: scikit-learn's handwritten digits (1797 8x8 images), an MLP classifier, a
   fifth of the images held out.
 Each task's job has an initial batch M0 (its learning rate and schedule are written for
-it); every run trains for the same budget of samples (schedule horizons in M0 steps),
-checkpointing often. The held-out loss of each checkpoint is measured afterwards, and a
-run's time to the target is the sum of its step times (``StepMetrics.step_time_s``, so
-checkpoint writes and the start of the workers are not counted) up to the first checkpoint
-at or below the target.
+it); every run trains for the same budget of samples (schedule horizons in M0 steps).
+Every run is evaluated at the same cadence in samples: the held-out loss is measured
+afterwards at the first step at or after each multiple of ``checkpoint_samples`` (a fixed
+run checkpoints exactly there; an adaptive run, whose batch changes, checkpoints every
+step and only those steps are evaluated). A run's time to the target is the sum of its
+step times (``StepMetrics.step_time_s``: the adaptive bookkeeping and choices are in it;
+checkpoint writes and the start of the workers are not) up to the first evaluation at or
+below the target.
 
 vs_best_fixed = adaptive / best fixed batch; vs_default = adaptive / fixed M0 (the job as
 written). The RESULT line holds the worse of the two tasks for each, and overhead: the
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -185,7 +189,7 @@ def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
     if batch is None:
         bound = m0 if pinned else task.max_batch
         job = replace(job, adaptive=AdaptiveBatch(max_global_batch=bound, adapt_every=10))
-        every = max(1, task.checkpoint_samples // (bound if not pinned else m0))
+        every = every if pinned else 1
     label = f"{task.name} {'adaptive' if batch is None else f'batch {batch}'}"
     label += " (pinned at M0)" if pinned else ""
     run_dir = root / label.replace(" ", "-").replace("(", "").replace(")", "")
@@ -199,14 +203,30 @@ def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
         keep_checkpoints=100_000,
         progress=False,
     )
-    elapsed, by_step = 0.0, {}
+    elapsed, by_step, samples, evaluated = 0.0, {}, 0, set()
+    at_batch: dict[int, float] = {}
+    seen: dict[int, str] = {}  # each batch's figures at its first step
     for metrics in result.history:
         elapsed += metrics.step_time_s
         by_step[metrics.step + 1] = elapsed
+        ran = metrics.adapt.global_batch if metrics.adapt is not None else size
+        at_batch[ran] = at_batch.get(ran, 0.0) + metrics.step_time_s
+        if metrics.adapt is not None and ran not in seen:
+            a = metrics.adapt
+            seen[ran] = (
+                f"from step {metrics.step} (noise {a.noise_scale:.3g}, eff {a.efficiency:.2f},"
+                f" lr x{a.lr_factor:.2f})"
+            )
+        mark = (samples + ran) // task.checkpoint_samples
+        if mark > samples // task.checkpoint_samples:  # crossed a multiple: evaluated
+            evaluated.add(metrics.step + 1)
+        samples += ran
     data = task.held_out()
     reached, best = math.inf, math.inf
     for checkpoint in sorted(result.checkpoint_dir.glob("step_*")):
         step = int(checkpoint.name.split("_")[1])
+        if step not in evaluated and step != len(result.history):
+            continue
         loss = held_out_loss(task, job, checkpoint, data)
         best = min(best, loss)
         if loss <= task.target:
@@ -218,9 +238,13 @@ def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
     outcome = Run(label, reached, best, mean, last)
     print(
         f"{label:34s} to {task.target}: {reached:7.2f} s  (best held-out {best:.3f}, "
-        f"{len(steps)} steps, mean step {mean * 1e3:.1f} ms, last batch {last})",
+        f"{len(steps)} steps, {samples} samples, mean step {mean * 1e3:.1f} ms, last batch "
+        f"{last}; load {os.getloadavg()[0]:.1f})",
         flush=True,
     )
+    if batch is None and not pinned:
+        for b, t in sorted(at_batch.items()):
+            print(f"{'':34s} batch {b:4d}: {t:6.3f} s {seen[b]}", flush=True)
     return outcome
 
 

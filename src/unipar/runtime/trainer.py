@@ -226,6 +226,10 @@ class Trainer:
         counted = torch.cat(indices).tolist() if model.counts_samples and indices else []
         samples = len(counted)
         seconds = time.perf_counter() - started
+        # the adaptive batch's bookkeeping (norms collected, every K steps a choice) is
+        # part of the step's time as reported, not of the time its throughput model fits
+        adapt_stats = None if adapt is None else adapt.finish(step, seconds)
+        seconds = time.perf_counter() - started
         return StepReport(
             step=step,
             rank=self.rank,
@@ -236,7 +240,7 @@ class Trainer:
             lr=lr,
             finished_at=time.time(),
             sample_ids=tuple(counted),
-            adapt=None if adapt is None else adapt.finish(step, seconds),
+            adapt=adapt_stats,
         )
 
     def trace(self, trace_steps: int | None) -> None:
