@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from unipar.adapt.chooser import choose, fit_error
+from unipar.adapt.chooser import choose, fit_error, per_shape
 from unipar.adapt.config import LRRule
 from unipar.adapt.lr import efficiency, lr_factor, progress_step
 from unipar.adapt.noise import NoiseEstimate, NoiseSample, unbiased
@@ -103,3 +103,16 @@ def test_squared_norm_with_preconditioner_and_mean_loss_check():
         check_mean_loss(
             lambda o, t: torch.nn.functional.cross_entropy(o, t, reduction="sum"), out, tgt
         )
+
+
+def test_throughput_fit_weighs_each_shape_by_its_mean_step_time():
+    seen = [Observation(1, 2, 4, t, 0.0) for t in (0.010, 0.010, 0.010, 0.010, 0.050)]
+    seen += [Observation(1, 2, 64, 0.040, 0.0)]
+    shapes = {o.local_bsz: o.step_time for o in per_shape(seen)}
+    assert shapes == {4: pytest.approx(0.018), 64: pytest.approx(0.040)}
+    # flat step times and a noisy gradient: the pick doubles the batch exactly (every
+    # per-GPU batch is a candidate, not only a coarse grid's)
+    flat = [Observation(1, 2, m, 0.01, 0.0) for m in (4, 8)]
+    noise = NoiseEstimate(1.0, sqr_avg=1.0, var_avg=1e4, weight=1.0)
+    pick = choose(flat, noise, init_batch=16, max_batch=40, replicas=2, max_local=100)
+    assert pick.global_batch == 40

@@ -285,9 +285,7 @@ class AdaptiveStep:
         self._sample = None
         self._timed = (ran, seconds) if self._steps > 0 else (ran, 0.0)
         self._steps += 1
-        due = not self.fixed and (step + 1) % self.adaptive.adapt_every == 0
-        signal = self.state.noise.ready and self.state.noise.sqr_avg > 0  # |G|² seen above 0
-        if due and self.state.observations and signal:
+        if not self.fixed and self.state.due(self.adaptive):
             self.state, _ = self.state.choose(self.adaptive, self.max_micro)
         return stats
 

@@ -83,12 +83,15 @@ def gain(batch, init_batch, sqr, var):
     return (var + sqr) / (var / scale + sqr)
 
 
-def goodput_table(jobs: JobArrays, max_gpus: int, gpus_per_node: int) -> GoodputTable:
-    """Goodput for 1..max_gpus GPUs per job, on the fewest nodes (⌈K/gpus_per_node⌉)."""
+def goodput_table(
+    jobs: JobArrays, max_gpus: int, gpus_per_node: int, local_grid: int = LOCAL_GRID
+) -> GoodputTable:
+    """Goodput for 1..max_gpus GPUs per job, on the fewest nodes (⌈K/gpus_per_node⌉),
+    searching ``local_grid`` geometric per-GPU batches."""
     n = len(jobs.grad_sqr)
     k = np.arange(1, max_gpus + 1, dtype=float)
     nodes = np.ceil(k / gpus_per_node)
-    frac = np.linspace(0.0, 1.0, LOCAL_GRID)
+    frac = np.linspace(0.0, 1.0, local_grid)
     lo, hi = np.log(jobs.min_local), np.log(jobs.max_local)
     m = np.round(np.exp(lo[:, None] + (hi - lo)[:, None] * frac[None, :]))  # (J, L)
     s = np.arange(MAX_ACCUM, dtype=float)
