@@ -15,7 +15,8 @@ replica's own gradient before it is averaged, and the averaged one:
   pipeline's schedule (its micro-batches are not seen one by one).
 
 Each rank adds the squares of its own part (a tensor-parallel shard, a pipeline stage,
-an FSDP flat buffer), one all-reduce of three numbers sums them over the gang, and the
+an FSDP flat buffer), one all-reduce of three numbers sums them over the gang (under
+plain DDP they ride on the last gradient bucket's all-reduce instead), and the
 averaged gradient's parts, replicated over ``dp``, are divided by ``dp``. A parameter
 replicated over the tensor-parallel ranks is counted once per rank in both norms alike,
 so both measure the gradient in the same (weighted) norm and their ratio, the noise
@@ -275,8 +276,8 @@ class AdaptiveStep:
     # -- the step's end ----------------------------------------------------------------
 
     def finish(self, step: int, seconds: float) -> AdaptStats:
-        """Move the state past the step (``seconds`` it took here) and, every
-        ``adapt_every`` steps, choose the batch of the next ones."""
+        """Move the state past the step (``seconds`` it took here) and, when a choice is
+        due (:meth:`AdaptState.due`), choose the batch of the next ones."""
         if self._pending is not None:
             self._collect()
         stats = self.state.stats(self.rule)
