@@ -8,9 +8,9 @@ Tasks, each on the same 2 data-parallel workers:
 Each task's job has an initial batch M0 (its learning rate and schedule are written for
 it); every run trains for the same budget of samples (schedule horizons in M0 steps).
 Every run is evaluated at the same cadence in samples: the held-out loss is measured
-afterwards at the first step at or after each multiple of ``checkpoint_samples`` (a fixed
-run checkpoints exactly there; an adaptive run, whose batch changes, checkpoints every
-step and only those steps are evaluated). A run's time to the target is the sum of its
+afterwards at the first step at or after each multiple of ``checkpoint_samples`` (where
+every run checkpoints: an adaptive run's ``checkpoint_every`` counts steps of batch M0 in
+samples), so checkpoint writes disturb every run alike. A run's time to the target is the sum of its
 step times (``StepMetrics.step_time_s``: the adaptive bookkeeping and choices are in it;
 checkpoint writes and the start of the workers are not) up to the first evaluation at or
 below the target.
@@ -189,7 +189,7 @@ def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
     if batch is None:
         bound = m0 if pinned else task.max_batch
         job = replace(job, adaptive=AdaptiveBatch(max_global_batch=bound, adapt_every=10))
-        every = every if pinned else 1
+        # an adaptive run's checkpoint_every counts steps of batch M0 in samples
     label = f"{task.name} {'adaptive' if batch is None else f'batch {batch}'}"
     label += " (pinned at M0)" if pinned else ""
     run_dir = root / label.replace(" ", "-").replace("(", "").replace(")", "")

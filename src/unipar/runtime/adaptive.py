@@ -185,6 +185,7 @@ class AdaptiveStep:
         if state is None:
             state = AdaptState.start(adaptive, job.global_batch_size, shape)
         self.state = state.on_replicas(replicas, self.max_micro)
+        self.samples_before = self.state.samples  # the data position before the last step
         self.stream = SampleStream(dataset_size, job.seed)
         self.squares = _LocalSquares()
         self._first: torch.Tensor | None = None
@@ -282,6 +283,7 @@ class AdaptiveStep:
             self._collect()
         stats = self.state.stats(self.rule)
         timed, ran = self._timed, self.state.shape
+        self.samples_before = self.state.samples
         self.state = self.state.after_step(self._sample, timed)
         self._sample = None
         self._timed = (ran, seconds) if self._steps > 0 else (ran, 0.0)

@@ -309,11 +309,21 @@ class Trainer:
             done += 1
             if (batch := self.take_trace(done)) is not None:
                 yield batch
-            if self.done(done) or done % self.checkpoints.every == 0:
+            if self.done(done) or self.checkpoint_due(done):
                 final = self.save(done)
         if dist.is_initialized():
             dist.barrier()
         return TrainOutcome(last_step=done, final_checkpoint=final)
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether the ``step`` steps done end on a checkpoint: every ``checkpoints.every``
+        steps; with an adaptive batch, whose steps change size, every ``every`` steps of
+        batch M0 in samples (after the step that reaches each multiple of every × M0)."""
+        every = self.checkpoints.every
+        if self.adapt is None:
+            return step % every == 0
+        period = every * self.adapt.state.init_batch
+        return self.adapt.state.samples // period > self.adapt.samples_before // period
 
     def done(self, step: int) -> bool:
         """Whether the run ends before ``step``: after ``job.steps`` steps, or with an
