@@ -119,3 +119,24 @@ def test_choices_wait_for_a_positive_gradient_estimate():
     for _ in range(2 * SETTLE):  # the mean's norm below half the local one: |G|² < 0
         state = state.after_step(NoiseSample(4.0, 1.0, 4, 2), (state.shape, 0.1))
     assert state.noise.ready and not state.due(adaptive)
+
+
+def test_a_batch_may_shrink_below_m0_to_its_bound_with_less_progress_per_step():
+    """A gradient with little noise and step times proportional to the batch: the
+    smaller batch makes nearly as much progress per step in a fraction of the time."""
+    adaptive = AdaptiveBatch(max_global_batch=64, min_global_batch=8, adapt_every=5)
+    state = AdaptState.start(adaptive, 32, BatchShape(micro=16, accum=1, replicas=2))
+    picks = []
+    for _ in range(3):
+        for _ in range(SETTLE):
+            b, k = state.shape.per_replica, state.shape.replicas
+            sample = NoiseSample(1 + 1 / b, 1 + 1 / (b * k), b, k)  # tr(Σ) = 1: B_simple 1
+            state = state.after_step(sample, (state.shape, 0.001 * state.shape.micro))
+        state, pick = state.choose(adaptive, max_micro=32)
+        picks.append(pick.global_batch)
+    assert picks == [16, 8, 8]  # halved at most per choice, down to the bound
+    stats = state.stats(LRRule.ADASCALE)
+    r = (1 / 32 + 1) / (1 / 8 + 1)  # AdaScale's gain at S = 1/4, below 1
+    assert stats.lr_factor == pytest.approx(r) and stats.efficiency == pytest.approx(4 * r)
+    before = state.progress
+    assert state.after_step(None).progress == pytest.approx(before + r)

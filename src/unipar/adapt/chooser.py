@@ -69,9 +69,11 @@ def choose(
     max_local: int,
     nodes: int = 1,
     max_workers: int | None = None,
+    min_batch: int | None = None,
 ) -> BatchChoice:
     """The goodput-optimal batch on ``replicas`` workers, each running at most
-    ``max_local`` samples per micro-batch; ``init_batch ≤ batch ≤ max_batch``. The
+    ``max_local`` samples per micro-batch; ``min_batch ≤ batch ≤ max_batch``
+    (``min_batch`` None: ``init_batch``). The
     throughput model is fitted on the mean step time of each shape seen; every
     per-GPU batch up to ``max_local`` is a candidate (one job: the search is cheap)."""
     shapes = per_shape(observations)
@@ -87,6 +89,7 @@ def choose(
         max_local=np.array([float(max_local)]),
         fixed_batch=np.array([float(init_batch)]),
         adaptive=np.array([True]),
+        min_batch=np.array([float(min_batch or init_batch)]),
     )
     table = goodput_table(
         jobs, most, gpus_per_node=max(1, most // nodes), local_grid=max(2, max_local)

@@ -131,18 +131,21 @@ class AdaptState:
         return self.since_choice >= wait and bool(self.observations) and signal
 
     def choose(self, adaptive: AdaptiveBatch, max_micro: int) -> tuple[AdaptState, BatchChoice]:
-        """The goodput-optimal shape on the same replicas (:func:`choose`), at most
-        ``GROWTH`` times the running batch (the estimates behind a choice are a few noisy
-        steps old: the batch grows step by step, as they firm up); a choice of the batch
-        already running keeps its micro-batching."""
+        """The goodput-optimal shape on the same replicas (:func:`choose`), within
+        ``GROWTH`` times the running batch either way (the estimates behind a choice are a
+        few noisy steps old: the batch moves step by step, as they firm up); a choice of
+        the batch already running keeps its micro-batching."""
         replicas = self.shape.replicas
+        batch = self.shape.global_batch
+        least = adaptive.min_global_batch or self.init_batch
         pick = choose(
             self.observations,
             self.noise,
             init_batch=self.init_batch,
-            max_batch=min(adaptive.max_global_batch, GROWTH * self.shape.global_batch),
+            max_batch=min(adaptive.max_global_batch, GROWTH * batch),
             replicas=replicas,
             max_local=max_micro,
+            min_batch=min(max(least, -(-batch // GROWTH)), batch),
         )
         shape = self.shape
         if pick.global_batch != shape.global_batch:

@@ -173,7 +173,9 @@ class AdaptiveStep:
         self.rule: LRRule = adaptive.lr_rule or default_rule(job.optimizer.kind)  # type: ignore[union-attr]
         replicas = plan.mesh.data_replicas
         self.dp = plan.mesh.dp
-        self.fixed = adaptive.max_global_batch == job.global_batch_size or plan.mesh.pp > 1
+        least = adaptive.min_global_batch or job.global_batch_size
+        pinned = adaptive.max_global_batch == job.global_batch_size == least
+        self.fixed = pinned or plan.mesh.pp > 1
         self.max_micro = adaptive.max_local_batch or max(
             plan.microbatch_size, adaptive.max_global_batch // replicas
         )

@@ -44,6 +44,7 @@ class JobArrays:
     max_local: np.ndarray
     fixed_batch: np.ndarray  # the user's batch; used where adaptive is false
     adaptive: np.ndarray  # bool
+    min_batch: np.ndarray | None = None  # the smallest total batch (None: init_batch)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ def goodput_table(
     total = kk * mm * (ss + 1)
     t = iter_time(jobs.params[:, None, None, None, :], nn, kk, mm, ss)
     eff = gain(total, jobs.init_batch[col], jobs.grad_sqr[col], jobs.grad_var[col])
-    ok = (total >= jobs.init_batch[col]) & (total <= jobs.max_batch[col])
+    least = jobs.init_batch if jobs.min_batch is None else jobs.min_batch
+    ok = (total >= least[col]) & (total <= jobs.max_batch[col])
     # a smaller per-GPU batch than the grid's is fine when more GPUs share M0
     good = np.where(ok, eff / t, 0.0).reshape(n, max_gpus, -1)
     best = np.argmax(good, axis=2)
