@@ -5,8 +5,16 @@ Tasks, each on the same 2 data-parallel workers:
   standard library's text, the last tenth of the windows held out;
 - digits: scikit-learn's handwritten digits (1797 8x8 images), an MLP classifier, a
   fifth of the images held out.
-Each task's job has an initial batch M0 (its learning rate and schedule are written for
-it); every run trains for the same budget of samples (schedule horizons in M0 steps).
+Each task's job has an initial batch M0, its natural default, for which its learning rate
+and schedule are written: 32 for both, the gpt-stdlib recipe's own ``global_batch_size``
+(``unipar train gpt-stdlib``), and for the digits job the batch Bengio (2012, "Practical
+recommendations for gradient-based training of deep architectures", §3.1) gives as a good
+default. The fixed sweep runs each job as written at other batches (same learning rate and
+schedule in its own steps); the adaptive run starts at M0 and may move within the sweep's
+range (``min_global_batch`` = the sweep's smallest, ``max_global_batch`` = 4 × M0 or
+more), every other setting of AdaptiveBatch left at its default. Every run trains for the
+same budget of samples (gpt: the recipe's 200 steps of 32; an adaptive run's ends at the
+same scale-invariant progress) on the same workers, seed and data order.
 Every run is evaluated at the same cadence in samples: the held-out loss is measured
 afterwards at the first step at or after each multiple of ``checkpoint_samples`` (where
 every run checkpoints: an adaptive run's ``checkpoint_every`` counts steps of batch M0 in
@@ -106,6 +114,7 @@ class Task:
     init_batch: int  # M0: the job as written
     fixed: tuple[int, ...]
     max_batch: int
+    min_batch: int
     samples: int  # budget of every run
     target: float  # held-out loss
     checkpoint_samples: int  # about this many samples between checkpoints
@@ -135,10 +144,11 @@ def tasks(scale: float) -> list[Task]:
             "gpt",
             gpt_job,
             functools.partial(gpt_held_out, 128),
-            8,
+            32,
             (8, 16, 32, 64),
             128,
-            int(2560 * scale),
+            8,
+            int(6400 * scale),
             2.4,
             256,
         ),
@@ -146,9 +156,10 @@ def tasks(scale: float) -> list[Task]:
             "digits",
             digits_job,
             functools.partial(Digits, True),
-            8,
-            (8, 32, 64, 256),
+            32,
+            (8, 32, 64, 128, 256),
             512,
+            8,
             int(12288 * scale),
             0.20,
             256,
@@ -187,8 +198,12 @@ def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
     job = task.job(size, max(1, task.samples // size))
     every = max(1, task.checkpoint_samples // size)
     if batch is None:
-        bound = m0 if pinned else task.max_batch
-        job = replace(job, adaptive=AdaptiveBatch(max_global_batch=bound, adapt_every=10))
+        adaptive = (
+            AdaptiveBatch(max_global_batch=m0)
+            if pinned
+            else AdaptiveBatch(max_global_batch=task.max_batch, min_global_batch=task.min_batch)
+        )
+        job = replace(job, adaptive=adaptive)
         # an adaptive run's checkpoint_every counts steps of batch M0 in samples
     label = f"{task.name} {'adaptive' if batch is None else f'batch {batch}'}"
     label += " (pinned at M0)" if pinned else ""
