@@ -25,8 +25,10 @@ below the target.
 
 vs_best_fixed = adaptive / best fixed batch; vs_default = adaptive / fixed M0 (the job as
 written). The RESULT line holds the worse of the two tasks for each, and overhead: the
-mean step time with the adaptive machinery on but the batch pinned at M0 over the plain
-run's (the estimator's cost).
+median step time with the adaptive machinery on but the batch pinned at M0 over the plain
+run's (the estimator's cost). With ``--repeats N`` every run is repeated N times, each
+pass in the reverse order of the one before (a shared machine's load drifts), and the
+figures are medians over the passes.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import argparse
 import functools
 import math
 import os
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable
@@ -187,6 +190,7 @@ class Run:
     best_loss: float
     mean_step_s: float
     final_batch: int
+    median_step_s: float
 
 
 def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
@@ -250,7 +254,8 @@ def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
     steps = result.history
     last = steps[-1].adapt.global_batch if steps[-1].adapt is not None else size
     mean = sum(m.step_time_s for m in steps[1:]) / max(1, len(steps) - 1)
-    outcome = Run(label, reached, best, mean, last)
+    median = statistics.median(m.step_time_s for m in steps[1:]) if len(steps) > 1 else 0.0
+    outcome = Run(label, reached, best, mean, last, median)
     print(
         f"{label:34s} to {task.target}: {reached:7.2f} s  (best held-out {best:.3f}, "
         f"{len(steps)} steps, {samples} samples, mean step {mean * 1e3:.1f} ms, last batch "
@@ -263,30 +268,46 @@ def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
     return outcome
 
 
+def median_time(runs: list[Run]) -> float:
+    return statistics.median(r.seconds_to_target for r in runs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scale", type=float, default=1.0, help="sample budget factor")
     parser.add_argument("--only", choices=("gpt", "digits"), default=None)
+    parser.add_argument("--repeats", type=int, default=1, help="passes (medians over them)")
     args = parser.parse_args()
     start_ray(None, num_cpus=WORKERS)
     vs_best, vs_default, overheads = [], [], []
     with tempfile.TemporaryDirectory(prefix="adaptive-batch-") as tmp:
-        root = Path(tmp)
         for task in tasks(args.scale):
             if args.only not in (None, task.name):
                 continue
-            fixed = {b: run(task, b, root) for b in task.fixed}
-            adaptive = run(task, None, root)
-            pinned = run(task, None, root, pinned=True)
-            best = min(r.seconds_to_target for r in fixed.values())
-            default = fixed[task.init_batch].seconds_to_target
-            vs_best.append(adaptive.seconds_to_target / best)
-            vs_default.append(adaptive.seconds_to_target / default)
-            overheads.append(pinned.mean_step_s / fixed[task.init_batch].mean_step_s - 1)
+            configs: list[tuple[int | None, bool]] = [(b, False) for b in task.fixed]
+            configs += [(None, False), (None, True)]
+            runs: dict[tuple[int | None, bool], list[Run]] = {c: [] for c in configs}
+            for rep in range(args.repeats):
+                root = Path(tmp) / f"pass{rep}"
+                for config in configs if rep % 2 == 0 else configs[::-1]:
+                    runs[config].append(run(task, config[0], root, pinned=config[1]))
+            fixed = {b: median_time(runs[(b, False)]) for b in task.fixed}
+            adaptive = median_time(runs[(None, False)])
+            best_batch = min(fixed, key=lambda b: fixed[b])
+            vs_best.append(adaptive / fixed[best_batch])
+            vs_default.append(adaptive / fixed[task.init_batch])
+            overheads.append(
+                statistics.median(
+                    p.median_step_s / f.median_step_s - 1
+                    for p, f in zip(runs[(None, True)], runs[(task.init_batch, False)], strict=True)
+                )
+            )
             print(
-                f"{task.name}: adaptive / best fixed = {vs_best[-1]:.3f}, adaptive / M0="
-                f"{task.init_batch} = {vs_default[-1]:.3f}, estimator overhead "
-                f"{overheads[-1]:+.1%} of the step time",
+                f"{task.name}: adaptive {adaptive:.2f} s, best fixed (batch {best_batch}) "
+                f"{fixed[best_batch]:.2f} s, M0={task.init_batch} {fixed[task.init_batch]:.2f} s"
+                f" (medians of {args.repeats}): adaptive / best fixed = {vs_best[-1]:.3f}, "
+                f"adaptive / M0 = {vs_default[-1]:.3f}, estimator overhead "
+                f"{overheads[-1]:+.1%} of the median step time; load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
     ray.shutdown()
