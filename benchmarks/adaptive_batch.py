@@ -5,17 +5,30 @@ Tasks, each on the same 2 data-parallel workers:
   standard library's text, the last tenth of the windows held out;
 - digits: scikit-learn's handwritten digits (1797 8x8 images), an MLP classifier, a
   fifth of the images held out.
-Each task's job has an initial batch M0 (its learning rate and schedule are written for
-it); every run trains for the same budget of samples (schedule horizons in M0 steps),
-checkpointing often. The held-out loss of each checkpoint is measured afterwards, and a
-run's time to the target is the sum of its step times (``StepMetrics.step_time_s``, so
-checkpoint writes and the start of the workers are not counted) up to the first checkpoint
-at or below the target.
+Each task's job has an initial batch M0, its natural default, for which its learning rate
+and schedule are written: 32 for both, the gpt-stdlib recipe's own ``global_batch_size``
+(``unipar train gpt-stdlib``), and for the digits job the batch Bengio (2012, "Practical
+recommendations for gradient-based training of deep architectures", §3.1) gives as a good
+default. The fixed sweep runs each job as written at other batches (same learning rate and
+schedule in its own steps); the adaptive run starts at M0 and may move within the sweep's
+range (``min_global_batch`` = the sweep's smallest, ``max_global_batch`` = 4 × M0 or
+more), every other setting of AdaptiveBatch left at its default. Every run trains for the
+same budget of samples (gpt: the recipe's 200 steps of 32; an adaptive run's ends at the
+same scale-invariant progress) on the same workers, seed and data order.
+Every run is evaluated at the same cadence in samples: the held-out loss is measured
+afterwards at the first step at or after each multiple of ``checkpoint_samples`` (where
+every run checkpoints: an adaptive run's ``checkpoint_every`` counts steps of batch M0 in
+samples), so checkpoint writes disturb every run alike. A run's time to the target is the sum of its
+step times (``StepMetrics.step_time_s``: the adaptive bookkeeping and choices are in it;
+checkpoint writes and the start of the workers are not) up to the first evaluation at or
+below the target.
 
 vs_best_fixed = adaptive / best fixed batch; vs_default = adaptive / fixed M0 (the job as
 written). The RESULT line holds the worse of the two tasks for each, and overhead: the
-mean step time with the adaptive machinery on but the batch pinned at M0 over the plain
-run's (the estimator's cost).
+median step time with the adaptive machinery on but the batch pinned at M0 over the plain
+run's (the estimator's cost). With ``--repeats N`` every run is repeated N times, each
+pass in the reverse order of the one before (a shared machine's load drifts), and the
+figures are medians over the passes.
 """
 
 from __future__ import annotations
@@ -23,6 +36,8 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable
@@ -102,6 +117,7 @@ class Task:
     init_batch: int  # M0: the job as written
     fixed: tuple[int, ...]
     max_batch: int
+    min_batch: int
     samples: int  # budget of every run
     target: float  # held-out loss
     checkpoint_samples: int  # about this many samples between checkpoints
@@ -131,10 +147,11 @@ def tasks(scale: float) -> list[Task]:
             "gpt",
             gpt_job,
             functools.partial(gpt_held_out, 128),
-            8,
+            32,
             (8, 16, 32, 64),
             128,
-            int(2560 * scale),
+            8,
+            int(6400 * scale),
             2.4,
             256,
         ),
@@ -142,9 +159,10 @@ def tasks(scale: float) -> list[Task]:
             "digits",
             digits_job,
             functools.partial(Digits, True),
-            8,
-            (8, 32, 64, 256),
+            32,
+            (8, 32, 64, 128, 256),
             512,
+            8,
             int(12288 * scale),
             0.20,
             256,
@@ -172,6 +190,7 @@ class Run:
     best_loss: float
     mean_step_s: float
     final_batch: int
+    median_step_s: float
 
 
 def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
@@ -183,9 +202,13 @@ def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
     job = task.job(size, max(1, task.samples // size))
     every = max(1, task.checkpoint_samples // size)
     if batch is None:
-        bound = m0 if pinned else task.max_batch
-        job = replace(job, adaptive=AdaptiveBatch(max_global_batch=bound, adapt_every=10))
-        every = max(1, task.checkpoint_samples // (bound if not pinned else m0))
+        adaptive = (
+            AdaptiveBatch(max_global_batch=m0)
+            if pinned
+            else AdaptiveBatch(max_global_batch=task.max_batch, min_global_batch=task.min_batch)
+        )
+        job = replace(job, adaptive=adaptive)
+        # an adaptive run's checkpoint_every counts steps of batch M0 in samples
     label = f"{task.name} {'adaptive' if batch is None else f'batch {batch}'}"
     label += " (pinned at M0)" if pinned else ""
     run_dir = root / label.replace(" ", "-").replace("(", "").replace(")", "")
@@ -199,14 +222,30 @@ def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
         keep_checkpoints=100_000,
         progress=False,
     )
-    elapsed, by_step = 0.0, {}
+    elapsed, by_step, samples, evaluated = 0.0, {}, 0, set()
+    at_batch: dict[int, float] = {}
+    seen: dict[int, str] = {}  # each batch's figures at its first step
     for metrics in result.history:
         elapsed += metrics.step_time_s
         by_step[metrics.step + 1] = elapsed
+        ran = metrics.adapt.global_batch if metrics.adapt is not None else size
+        at_batch[ran] = at_batch.get(ran, 0.0) + metrics.step_time_s
+        if metrics.adapt is not None and ran not in seen:
+            a = metrics.adapt
+            seen[ran] = (
+                f"from step {metrics.step} (noise {a.noise_scale:.3g}, eff {a.efficiency:.2f},"
+                f" lr x{a.lr_factor:.2f})"
+            )
+        mark = (samples + ran) // task.checkpoint_samples
+        if mark > samples // task.checkpoint_samples:  # crossed a multiple: evaluated
+            evaluated.add(metrics.step + 1)
+        samples += ran
     data = task.held_out()
     reached, best = math.inf, math.inf
     for checkpoint in sorted(result.checkpoint_dir.glob("step_*")):
         step = int(checkpoint.name.split("_")[1])
+        if step not in evaluated and step != len(result.history):
+            continue
         loss = held_out_loss(task, job, checkpoint, data)
         best = min(best, loss)
         if loss <= task.target:
@@ -215,39 +254,60 @@ def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
     steps = result.history
     last = steps[-1].adapt.global_batch if steps[-1].adapt is not None else size
     mean = sum(m.step_time_s for m in steps[1:]) / max(1, len(steps) - 1)
-    outcome = Run(label, reached, best, mean, last)
+    median = statistics.median(m.step_time_s for m in steps[1:]) if len(steps) > 1 else 0.0
+    outcome = Run(label, reached, best, mean, last, median)
     print(
         f"{label:34s} to {task.target}: {reached:7.2f} s  (best held-out {best:.3f}, "
-        f"{len(steps)} steps, mean step {mean * 1e3:.1f} ms, last batch {last})",
+        f"{len(steps)} steps, {samples} samples, mean step {mean * 1e3:.1f} ms, last batch "
+        f"{last}; load {os.getloadavg()[0]:.1f})",
         flush=True,
     )
+    if batch is None and not pinned:
+        for b, t in sorted(at_batch.items()):
+            print(f"{'':34s} batch {b:4d}: {t:6.3f} s {seen[b]}", flush=True)
     return outcome
+
+
+def median_time(runs: list[Run]) -> float:
+    return statistics.median(r.seconds_to_target for r in runs)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scale", type=float, default=1.0, help="sample budget factor")
     parser.add_argument("--only", choices=("gpt", "digits"), default=None)
+    parser.add_argument("--repeats", type=int, default=1, help="passes (medians over them)")
     args = parser.parse_args()
     start_ray(None, num_cpus=WORKERS)
     vs_best, vs_default, overheads = [], [], []
     with tempfile.TemporaryDirectory(prefix="adaptive-batch-") as tmp:
-        root = Path(tmp)
         for task in tasks(args.scale):
             if args.only not in (None, task.name):
                 continue
-            fixed = {b: run(task, b, root) for b in task.fixed}
-            adaptive = run(task, None, root)
-            pinned = run(task, None, root, pinned=True)
-            best = min(r.seconds_to_target for r in fixed.values())
-            default = fixed[task.init_batch].seconds_to_target
-            vs_best.append(adaptive.seconds_to_target / best)
-            vs_default.append(adaptive.seconds_to_target / default)
-            overheads.append(pinned.mean_step_s / fixed[task.init_batch].mean_step_s - 1)
+            configs: list[tuple[int | None, bool]] = [(b, False) for b in task.fixed]
+            configs += [(None, False), (None, True)]
+            runs: dict[tuple[int | None, bool], list[Run]] = {c: [] for c in configs}
+            for rep in range(args.repeats):
+                root = Path(tmp) / f"pass{rep}"
+                for config in configs if rep % 2 == 0 else configs[::-1]:
+                    runs[config].append(run(task, config[0], root, pinned=config[1]))
+            fixed = {b: median_time(runs[(b, False)]) for b in task.fixed}
+            adaptive = median_time(runs[(None, False)])
+            best_batch = min(fixed, key=lambda b: fixed[b])
+            vs_best.append(adaptive / fixed[best_batch])
+            vs_default.append(adaptive / fixed[task.init_batch])
+            overheads.append(
+                statistics.median(
+                    p.median_step_s / f.median_step_s - 1
+                    for p, f in zip(runs[(None, True)], runs[(task.init_batch, False)], strict=True)
+                )
+            )
             print(
-                f"{task.name}: adaptive / best fixed = {vs_best[-1]:.3f}, adaptive / M0="
-                f"{task.init_batch} = {vs_default[-1]:.3f}, estimator overhead "
-                f"{overheads[-1]:+.1%} of the step time",
+                f"{task.name}: adaptive {adaptive:.2f} s, best fixed (batch {best_batch}) "
+                f"{fixed[best_batch]:.2f} s, M0={task.init_batch} {fixed[task.init_batch]:.2f} s"
+                f" (medians of {args.repeats}): adaptive / best fixed = {vs_best[-1]:.3f}, "
+                f"adaptive / M0 = {vs_default[-1]:.3f}, estimator overhead "
+                f"{overheads[-1]:+.1%} of the median step time; load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
     ray.shutdown()

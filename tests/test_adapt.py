@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from unipar.adapt.chooser import choose, fit_error
+from unipar.adapt.chooser import choose, fit_error, per_shape
 from unipar.adapt.config import LRRule
 from unipar.adapt.lr import efficiency, lr_factor, progress_step
 from unipar.adapt.noise import NoiseEstimate, NoiseSample, unbiased
@@ -45,15 +45,18 @@ def test_smoothed_noise_scale_converges_and_one_gradient_is_skipped():
 
 
 def test_gain_rules_and_progress():
-    sqr, var = 1.0, 100.0  # B_simple = 100
+    sqr, var = 1.0, 100.0  # tr(Σ) per sample: B_simple = 100
     assert lr_factor(LRRule.ADASCALE, 32, 32, sqr, var) == pytest.approx(1.0)
-    r = (var + sqr) / (var / 4 + sqr)
+    # McCandlish et al. 2018 eq. 2.11 / Pollux eq. 6: E = (B + M0) / (B + M), r = S·E
+    r = 4 * (100 + 32) / (100 + 128)
+    assert r == pytest.approx((var / 32 + sqr) / (var / 128 + sqr))  # AdaScale, var at M0
     assert lr_factor(LRRule.ADASCALE, 128, 32, sqr, var) == pytest.approx(r)
     assert lr_factor(LRRule.POLLUX, 128, 32, sqr, var) == pytest.approx(math.sqrt(r))
     assert lr_factor(LRRule.SQRT, 128, 32, sqr, var) == pytest.approx(2.0)
     assert progress_step(128, 32, sqr, var) == pytest.approx(r)
     assert efficiency(128, 32, sqr, var) == pytest.approx(r / 4)
-    # no noise: a batch 4x as big makes 4x the progress (perfect scaling, efficiency 1)
+    # no noise: a batch 4x as big makes no more progress than M0 (efficiency 1/4); all
+    # noise: 4x the progress (efficiency 1)
     assert efficiency(128, 32, 1.0, 0.0) == pytest.approx(0.25)
     assert efficiency(128, 32, 0.0 + 1e-30, 1.0) == pytest.approx(1.0)
 
@@ -100,3 +103,16 @@ def test_squared_norm_with_preconditioner_and_mean_loss_check():
         check_mean_loss(
             lambda o, t: torch.nn.functional.cross_entropy(o, t, reduction="sum"), out, tgt
         )
+
+
+def test_throughput_fit_weighs_each_shape_by_its_mean_step_time():
+    seen = [Observation(1, 2, 4, t, 0.0) for t in (0.010, 0.010, 0.010, 0.010, 0.050)]
+    seen += [Observation(1, 2, 64, 0.040, 0.0)]
+    shapes = {o.local_bsz: o.step_time for o in per_shape(seen)}
+    assert shapes == {4: pytest.approx(0.018), 64: pytest.approx(0.040)}
+    # flat step times and a noisy gradient: the pick doubles the batch exactly (every
+    # per-GPU batch is a candidate, not only a coarse grid's)
+    flat = [Observation(1, 2, m, 0.01, 0.0) for m in (4, 8)]
+    noise = NoiseEstimate(1.0, sqr_avg=1.0, var_avg=1e4, weight=1.0)
+    pick = choose(flat, noise, init_batch=16, max_batch=40, replicas=2, max_local=100)
+    assert pick.global_batch == 40

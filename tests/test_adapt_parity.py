@@ -99,3 +99,29 @@ def test_adaptive_pinned_batch_matches_single_process(ray_cluster, tmp_path, cas
     if exact:
         reference = first_step_norms(job, plan.mesh.data_replicas, micro)
         assert measured == pytest.approx(reference, rel=NORM_RTOL)
+
+
+def test_an_adaptive_run_checkpoints_every_k_steps_of_m0_in_samples(ray_cluster, tmp_path):
+    """Its batch moves (here from 8, between 4 and 32): a checkpoint follows each step that
+    reaches a multiple of checkpoint_every × M0 samples, and the last step."""
+    job = replace(
+        tiny_gpt_job(steps=16, global_batch_size=8),
+        adaptive=AdaptiveBatch(max_global_batch=32, min_global_batch=4, adapt_every=2),
+    )
+    result = fit(
+        job,
+        workers=2,
+        plan=Plan.data_parallel(2, 8),
+        run_dir=tmp_path,
+        progress=False,
+        checkpoint_every=2,
+        keep_checkpoints=1000,
+    )
+    expected, samples = set(), 0
+    for m in result.history:
+        if (samples + m.adapt.global_batch) // 16 > samples // 16:
+            expected.add(m.step + 1)
+        samples += m.adapt.global_batch
+    expected.add(len(result.history))
+    saved = {int(p.name.split("_")[1]) for p in result.checkpoint_dir.glob("step_*")}
+    assert saved == expected

@@ -12,7 +12,7 @@ from png_checks import check_png
 from unipar.adapt import AdaptiveBatch
 from unipar.adapt.config import LRRule
 from unipar.adapt.noise import NoiseSample
-from unipar.adapt.state import AdaptState, AdaptStats, BatchShape
+from unipar.adapt.state import SETTLE, AdaptState, AdaptStats, BatchShape
 from unipar.data.sampler import GlobalBatchSampler, SampleStream
 from unipar.runtime.metrics import MetricsWriter, StepMetrics, read_metrics
 from unipar.viz.run_report import report_run, run_series
@@ -49,7 +49,8 @@ def test_steps_move_position_and_progress_and_a_choice_grows_a_noisy_batch():
     assert 16 < pick.global_batch <= 256 and state.shape.global_batch == pick.global_batch
     stats = state.stats(LRRule.ADASCALE)
     s = pick.global_batch / 16
-    assert stats.lr_factor == pytest.approx(1001 / (1000 / s + 1))  # AdaScale's gain
+    # AdaScale's gain with the variance of a batch-M0 gradient, tr(Σ)/16
+    assert stats.lr_factor == pytest.approx((1000 / 16 + 1) / (1000 / (16 * s) + 1))
     assert stats.efficiency == pytest.approx(stats.lr_factor / s)
     before = state.progress
     assert state.after_step(None).progress == pytest.approx(before + stats.lr_factor)
@@ -89,3 +90,53 @@ def test_metrics_and_report_carry_the_adaptive_curves(tmp_path):
     assert series.samples[-1] == 3 * 8 + 3 * 32
     assert set(series.adapt) == {"global_batch", "noise_scale", "efficiency", "goodput"}
     check_png(report_run(tmp_path))
+
+
+def test_choices_come_soon_while_the_batch_moves_and_every_k_steps_once_it_holds():
+    adaptive = AdaptiveBatch(max_global_batch=64, adapt_every=8)
+    state = AdaptState.start(adaptive, 8, BatchShape(micro=4, accum=1, replicas=2))
+    state = _noisy(state, SETTLE - 1)
+    assert not state.due(adaptive)
+    state = _noisy(state, 1)
+    assert state.due(adaptive)  # the first choice: SETTLE steps in, not adapt_every
+    state, pick = state.choose(adaptive, max_micro=32)
+    assert pick.global_batch == 16  # flat step times, noisy gradient: doubled (GROWTH)
+    assert state.moving and not state.due(adaptive)
+    state = _noisy(state, SETTLE)
+    state, pick = state.choose(adaptive, max_micro=32)
+    assert pick.global_batch == 32
+    held = AdaptiveBatch(max_global_batch=32, adapt_every=8)
+    state, pick = _noisy(state, SETTLE).choose(held, max_micro=32)
+    assert pick.global_batch == 32 and not state.moving  # kept: the next in adapt_every
+    state = _noisy(state, SETTLE)
+    assert not state.due(held)
+    assert _noisy(state, 8 - SETTLE).due(held)
+
+
+def test_choices_wait_for_a_positive_gradient_estimate():
+    adaptive = AdaptiveBatch(max_global_batch=64, adapt_every=8)
+    state = AdaptState.start(adaptive, 8, BatchShape(micro=4, accum=1, replicas=2))
+    for _ in range(2 * SETTLE):  # the mean's norm below half the local one: |G|² < 0
+        state = state.after_step(NoiseSample(4.0, 1.0, 4, 2), (state.shape, 0.1))
+    assert state.noise.ready and not state.due(adaptive)
+
+
+def test_a_batch_may_shrink_below_m0_to_its_bound_with_less_progress_per_step():
+    """A gradient with little noise and step times proportional to the batch: the
+    smaller batch makes nearly as much progress per step in a fraction of the time."""
+    adaptive = AdaptiveBatch(max_global_batch=64, min_global_batch=8, adapt_every=5)
+    state = AdaptState.start(adaptive, 32, BatchShape(micro=16, accum=1, replicas=2))
+    picks = []
+    for _ in range(3):
+        for _ in range(SETTLE):
+            b, k = state.shape.per_replica, state.shape.replicas
+            sample = NoiseSample(1 + 1 / b, 1 + 1 / (b * k), b, k)  # tr(Σ) = 1: B_simple 1
+            state = state.after_step(sample, (state.shape, 0.001 * state.shape.micro))
+        state, pick = state.choose(adaptive, max_micro=32)
+        picks.append(pick.global_batch)
+    assert picks == [16, 8, 8]  # halved at most per choice, down to the bound
+    stats = state.stats(LRRule.ADASCALE)
+    r = (1 / 32 + 1) / (1 / 8 + 1)  # AdaScale's gain at S = 1/4, below 1
+    assert stats.lr_factor == pytest.approx(r) and stats.efficiency == pytest.approx(4 * r)
+    before = state.progress
+    assert state.after_step(None).progress == pytest.approx(before + r)

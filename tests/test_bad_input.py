@@ -266,6 +266,11 @@ JOB_FIELDS = [
         "max_global_batch=4 < global_batch_size=8",
     ),
     (
+        {"adaptive": AdaptiveBatch(64, min_global_batch=16)},
+        r"min_global_batch must be at most .* M0, where the run starts\), but got "
+        "min_global_batch=16 > global_batch_size=8",
+    ),
+    (
         {"adaptive": AdaptiveBatch(64, "adascale")},
         "lr_rule='adascale' has no meaning for optimizer 'adamw'",
     ),
@@ -324,6 +329,7 @@ ADAPTIVE_FIELDS = [
     ({"adapt_every": 0}, "AdaptiveBatch.adapt_every must be >= 1"),
     ({"smoothing": 1.0}, "AdaptiveBatch.smoothing must be < 1"),
     ({"max_local_batch": 0}, "AdaptiveBatch.max_local_batch must be >= 1"),
+    ({"min_global_batch": 0}, "AdaptiveBatch.min_global_batch must be >= 1"),
 ]
 
 

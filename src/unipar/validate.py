@@ -210,6 +210,8 @@ def check_adaptive(adaptive: Any) -> None:
     number("AdaptiveBatch.smoothing", adaptive.smoothing, minimum=0, below=1)
     if adaptive.max_local_batch is not None:
         integer("AdaptiveBatch.max_local_batch", adaptive.max_local_batch, minimum=1)
+    if adaptive.min_global_batch is not None:
+        integer("AdaptiveBatch.min_global_batch", adaptive.min_global_batch, minimum=1)
 
 
 def check_adaptive_for_job(adaptive: Any, job: Any) -> None:
@@ -229,6 +231,14 @@ def check_adaptive_for_job(adaptive: Any, job: Any) -> None:
             f"(the initial batch M0), but got max_global_batch={adaptive.max_global_batch} < "
             f"global_batch_size={job.global_batch_size}; pass max_global_batch >= "
             f"{job.global_batch_size} (--max-batch)"
+        )
+    least = adaptive.min_global_batch
+    if least is not None and least > job.global_batch_size:
+        raise ConfigError(
+            f"AdaptiveBatch.min_global_batch must be at most the job's global_batch_size (the "
+            f"initial batch M0, where the run starts), but got min_global_batch={least} > "
+            f"global_batch_size={job.global_batch_size}; pass min_global_batch <= "
+            f"{job.global_batch_size} or leave it out (M0)"
         )
     if not isinstance(job.optimizer, OptimizerSpec):
         raise ConfigError(

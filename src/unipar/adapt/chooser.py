@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from unipar.adapt.lr import efficiency
+from unipar.adapt.lr import efficiency, var_at_init
 from unipar.adapt.noise import NoiseEstimate
 from unipar.sched.goodput import JobArrays, goodput_table
 from unipar.sched.throughput import Observation, ThroughputModel, fit
@@ -34,6 +34,7 @@ class BatchChoice:
     efficiency: float
     goodput: float
     by_workers: tuple[float, ...]
+    fit_error: float = 0.0  # the throughput model's RMS relative error on the steps seen
 
 
 def fit_error(model: ThroughputModel, observations: Sequence[Observation]) -> float:
@@ -41,6 +42,21 @@ def fit_error(model: ThroughputModel, observations: Sequence[Observation]) -> fl
     o = np.array([[x.nodes, x.replicas, x.local_bsz, x.step_time] for x in observations])
     pred = model.iter_time(o[:, 0], o[:, 1], o[:, 2])
     return float(np.sqrt(np.mean((pred / o[:, 3] - 1.0) ** 2)))
+
+
+def per_shape(observations: Sequence[Observation]) -> list[Observation]:
+    """One observation per shape (nodes, replicas, per-GPU batch): the mean step and sync
+    times seen at it (the mean, not the median: time to a goal adds step times, stalls
+    of a shared machine included). Each shape weighs the same in the fit, however many
+    steps ran at it, and the fit costs the same however long the run."""
+    by_shape: dict[tuple[int, int, float], list[Observation]] = {}
+    for o in observations:
+        by_shape.setdefault((o.nodes, o.replicas, o.local_bsz), []).append(o)
+    return [
+        Observation(n, r, m, float(np.mean([o.step_time for o in seen])),
+                    float(np.mean([o.sync_time for o in seen])))
+        for (n, r, m), seen in by_shape.items()
+    ]
 
 
 def choose(
@@ -53,23 +69,31 @@ def choose(
     max_local: int,
     nodes: int = 1,
     max_workers: int | None = None,
+    min_batch: int | None = None,
 ) -> BatchChoice:
     """The goodput-optimal batch on ``replicas`` workers, each running at most
-    ``max_local`` samples per micro-batch; ``init_batch ≤ batch ≤ max_batch``."""
-    model = fit(list(observations))
+    ``max_local`` samples per micro-batch; ``min_batch ≤ batch ≤ max_batch``
+    (``min_batch`` None: ``init_batch``). The
+    throughput model is fitted on the mean step time of each shape seen; every
+    per-GPU batch up to ``max_local`` is a candidate (one job: the search is cheap)."""
+    shapes = per_shape(observations)
+    model = fit(shapes)
     most = max(replicas, max_workers or replicas)
     jobs = JobArrays(
         params=model.as_array()[None, :],
         grad_sqr=np.array([noise.sqr]),
-        grad_var=np.array([noise.var]),
+        grad_var=np.array([var_at_init(noise.var, init_batch)]),  # Pollux's: at M0
         init_batch=np.array([float(init_batch)]),
         max_batch=np.array([float(max_batch)]),
         min_local=np.array([1.0]),
         max_local=np.array([float(max_local)]),
         fixed_batch=np.array([float(init_batch)]),
         adaptive=np.array([True]),
+        min_batch=np.array([float(min_batch or init_batch)]),
     )
-    table = goodput_table(jobs, most, gpus_per_node=max(1, most // nodes))
+    table = goodput_table(
+        jobs, most, gpus_per_node=max(1, most // nodes), local_grid=max(2, max_local)
+    )
     k = replicas - 1
     local, accum = int(table.local_bsz[0, k]), int(table.accum[0, k])
     if table.goodput[0, k] <= 0:  # nothing in bounds on the grid: stay at M0
@@ -85,4 +109,5 @@ def choose(
         efficiency=eff,
         goodput=eff * batch / init_batch / t,
         by_workers=tuple(float(g) for g in table.goodput[0]),
+        fit_error=fit_error(model, observations),
     )

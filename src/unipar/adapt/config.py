@@ -18,8 +18,11 @@ class LRRule(Enum):
 
 @dataclass(frozen=True)
 class AdaptiveBatch:
-    """Adapt the global batch between the job's ``global_batch_size`` (M0, for which its
-    learning rate and schedule were written) and ``max_global_batch``.
+    """Adapt the global batch between ``min_global_batch`` (None: the job's
+    ``global_batch_size``, M0, for which its learning rate and schedule were written, and
+    where a run starts) and ``max_global_batch``. A batch below M0 makes less progress per
+    step and more per sample: the same gain r = S·E, with S = M/M0 < 1, sets its learning
+    rate and progress.
 
     ``lr_rule`` None picks the optimizer's default (ADASCALE for SGD, POLLUX for Adam);
     every ``adapt_every`` steps the goodput-optimal batch is chosen; ``smoothing`` is
@@ -31,6 +34,7 @@ class AdaptiveBatch:
     adapt_every: int = 20
     smoothing: float = 0.9
     max_local_batch: int | None = None  # per-worker micro-batch bound (None: memory plan's)
+    min_global_batch: int | None = None  # the smallest batch (None: M0, as Pollux's)
 
     def __post_init__(self) -> None:
         validate.check_adaptive(self)

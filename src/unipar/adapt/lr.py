@@ -8,6 +8,10 @@ the scale-invariant progress that drives the schedule.
 - POLLUX: lr × √r, AdaptDL's AdamScale (Qiao et al. 2021, Pollux's artifact).
 Progress (AdaScale §3): each step advances the schedule by r steps of batch M0, so a
 schedule written in M0-steps stays right at any batch; efficiency = r / S (Pollux eq. 6).
+
+``var`` here is tr(Σ) per sample (what :mod:`unipar.adapt.noise` estimates); the gain's
+variance is that of a batch-M0 gradient, tr(Σ)/M0 (AdaScale eq. 5; Pollux §3.1, whose
+``grad_var`` is at M0), so r = (φ + M0)·S / (φ + M0·S) with φ = tr(Σ)/|G|² = B_simple.
 """
 
 from __future__ import annotations
@@ -34,9 +38,15 @@ def allowed_rules(optimizer_kind) -> tuple[LRRule, ...]:
     return (LRRule.SQRT, LRRule.POLLUX)
 
 
+def var_at_init(var: float, init_batch: float) -> float:
+    """tr(Σ) per sample as the variance of a gradient over ``init_batch`` samples."""
+    return var / init_batch
+
+
 def lr_factor(rule: LRRule, batch: float, init_batch: float, sqr: float, var: float) -> float:
-    """The factor on the learning rate written for ``init_batch`` at ``batch``."""
-    r = float(gain(batch, init_batch, sqr, var))
+    """The factor on the learning rate written for ``init_batch`` at ``batch``
+    (``var``: tr(Σ) per sample)."""
+    r = progress_step(batch, init_batch, sqr, var)
     if rule is LRRule.ADASCALE:
         return r
     if rule is LRRule.SQRT:
@@ -48,9 +58,9 @@ def lr_factor(rule: LRRule, batch: float, init_batch: float, sqr: float, var: fl
 
 def efficiency(batch: float, init_batch: float, sqr: float, var: float) -> float:
     """Statistical efficiency E = r/S: progress per sample relative to batch M0."""
-    return float(gain(batch, init_batch, sqr, var)) / (batch / init_batch)
+    return progress_step(batch, init_batch, sqr, var) / (batch / init_batch)
 
 
 def progress_step(batch: float, init_batch: float, sqr: float, var: float) -> float:
     """Scale-invariant steps (in steps of batch M0) one step at ``batch`` makes."""
-    return float(gain(batch, init_batch, sqr, var))
+    return float(gain(batch, init_batch, sqr, var_at_init(var, init_batch)))

@@ -11,15 +11,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from unipar.adapt.chooser import BatchChoice, choose, fit_error
+from unipar.adapt.chooser import BatchChoice, choose
 from unipar.adapt.config import AdaptiveBatch, LRRule
 from unipar.adapt.lr import efficiency, lr_factor, progress_step
 from unipar.adapt.noise import NoiseEstimate, NoiseSample
 from unipar.sched.goodput import split_batch
-from unipar.sched.throughput import Observation, fit
+from unipar.sched.throughput import Observation
 
 GROWTH = 2  # the most a batch grows at one choice
 KEEP_OBSERVATIONS = 256  # the step times the throughput model is fitted on (the newest)
+# Steps after a choice that changed the batch before the next choice: the new shape's
+# step times (the first, a warm-up, and one more) and norms are in by then. While the
+# batch moves it is re-chosen this often; once a choice keeps it, every ``adapt_every``.
+SETTLE = 3
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class AdaptState:
     observations: tuple[Observation, ...] = ()
     goodput: float = 0.0
     fit_error: float | None = None
+    since_choice: int = 0  # steps since the last choice (or the start)
+    moving: bool = True  # the last choice changed the batch (or none was made yet)
 
     @classmethod
     def start(cls, adaptive: AdaptiveBatch, init_batch: int, shape: BatchShape) -> AdaptState:
@@ -113,27 +119,43 @@ class AdaptState:
             progress=self.progress + gain,
             noise=noise,
             observations=observations,
+            since_choice=self.since_choice + 1,
         )
 
+    def due(self, adaptive: AdaptiveBatch) -> bool:
+        """Whether the next batch is to be chosen now: ``SETTLE`` steps after a choice
+        that moved the batch (and at the start), ``adapt_every`` after one that kept it,
+        once there are step times and |G|² has been estimated above 0."""
+        wait = min(SETTLE, adaptive.adapt_every) if self.moving else adaptive.adapt_every
+        signal = self.noise.ready and self.noise.sqr_avg > 0
+        return self.since_choice >= wait and bool(self.observations) and signal
+
     def choose(self, adaptive: AdaptiveBatch, max_micro: int) -> tuple[AdaptState, BatchChoice]:
-        """The goodput-optimal shape on the same replicas (:func:`choose`), at most
-        ``GROWTH`` times the running batch (the estimates behind a choice are a few noisy
-        steps old: the batch grows step by step, as they firm up); a choice of the batch
-        already running keeps its micro-batching."""
+        """The goodput-optimal shape on the same replicas (:func:`choose`), within
+        ``GROWTH`` times the running batch either way (the estimates behind a choice are a
+        few noisy steps old: the batch moves step by step, as they firm up); a choice of
+        the batch already running keeps its micro-batching."""
         replicas = self.shape.replicas
+        batch = self.shape.global_batch
+        least = adaptive.min_global_batch or self.init_batch
         pick = choose(
             self.observations,
             self.noise,
             init_batch=self.init_batch,
-            max_batch=min(adaptive.max_global_batch, GROWTH * self.shape.global_batch),
+            max_batch=min(adaptive.max_global_batch, GROWTH * batch),
             replicas=replicas,
             max_local=max_micro,
+            min_batch=min(max(least, -(-batch // GROWTH)), batch),
         )
-        error = fit_error(fit(list(self.observations)), self.observations)
         shape = self.shape
         if pick.global_batch != shape.global_batch:
             shape = BatchShape(pick.local_batch, pick.accum_steps, replicas)
-        return replace(self, shape=shape, goodput=pick.goodput, fit_error=error), pick
+        moved = shape != self.shape
+        chosen = replace(
+            self, shape=shape, goodput=pick.goodput, fit_error=pick.fit_error,
+            since_choice=0, moving=moved,
+        )
+        return chosen, pick
 
     def on_replicas(self, replicas: int, max_micro: int) -> AdaptState:
         """The same global batch (rounded up to a multiple of ``replicas``) on a new
@@ -157,4 +179,6 @@ class AdaptState:
             observations=tuple(Observation(**o) for o in data["observations"]),
             goodput=float(data["goodput"]),
             fit_error=data["fit_error"],
+            since_choice=int(data.get("since_choice", 0)),
+            moving=bool(data.get("moving", True)),
         )

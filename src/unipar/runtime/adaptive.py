@@ -15,7 +15,8 @@ replica's own gradient before it is averaged, and the averaged one:
   pipeline's schedule (its micro-batches are not seen one by one).
 
 Each rank adds the squares of its own part (a tensor-parallel shard, a pipeline stage,
-an FSDP flat buffer), one all-reduce of three numbers sums them over the gang, and the
+an FSDP flat buffer), one all-reduce of three numbers sums them over the gang (under
+plain DDP they ride on the last gradient bucket's all-reduce instead), and the
 averaged gradient's parts, replicated over ``dp``, are divided by ``dp``. A parameter
 replicated over the tensor-parallel ranks is counted once per rank in both norms alike,
 so both measure the gradient in the same (weighted) norm and their ratio, the noise
@@ -48,10 +49,17 @@ DOUBLE = torch.float64
 
 
 class _LocalSquares:
-    """Σ g² of this rank's local (not yet averaged) gradient, as the hooks see it."""
+    """Σ g² of this rank's local (not yet averaged) gradient, as the hooks see it.
+
+    Under plain DDP (``riders`` set by the trainer) the step's numbers ride on the last
+    bucket's all-reduce instead of a collective of their own: each float64 number as two
+    float32 (its value and its rounding error), summed over the ranks; ``reduced`` holds
+    the sums once DDP's backward is done."""
 
     def __init__(self) -> None:
         self.total = torch.zeros((), dtype=DOUBLE)
+        self.riders: torch.Tensor | None = None  # float64 numbers to sum with the last bucket
+        self.reduced: torch.Tensor | None = None
 
     def add(self, tensor: torch.Tensor) -> None:
         norm = torch.linalg.vector_norm(tensor.detach()).to(DOUBLE)
@@ -66,8 +74,27 @@ def _ddp_hook(squares, bucket):  # type: ignore[no-untyped-def]
     """(No annotations: DDP checks them, and this module's are strings.)"""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    squares.add(bucket.buffer())
-    return allreduce_hook(None, bucket)
+    buffer = bucket.buffer()
+    squares.add(buffer)
+    if squares.riders is None or not bucket.is_last():
+        return allreduce_hook(None, bucket)
+    # PyTorch's allreduce_hook with the step's numbers appended: the mean of the
+    # gradients, the sum of the numbers (split hi + lo so float32 keeps float64's digits)
+    riders = torch.cat([squares.riders, squares.total.reshape(1).to(squares.riders)])
+    hi = riders.to(buffer.dtype)
+    lo = (riders - hi.to(DOUBLE)).to(buffer.dtype)
+    size, count = buffer.numel(), riders.numel()
+    joined = torch.cat([buffer / dist.get_world_size(), hi.to(buffer.device), lo.to(buffer.device)])
+    squares.riders = None
+
+    def unpack(future):  # type: ignore[no-untyped-def]
+        out = future.value()[0]
+        tail = out[size:].to(DOUBLE)
+        squares.reduced = tail[:count] + tail[count:]
+        buffer.copy_(out[:size])
+        return buffer
+
+    return dist.all_reduce(joined, async_op=True).get_future().then(unpack)
 
 
 def _reduce_scatter(squares: _LocalSquares) -> Any:
@@ -109,6 +136,20 @@ def _install_hooks(parts: list[nn.Module], squares: _LocalSquares) -> None:
                 module.set_custom_reduce_scatter(_reduce_scatter(squares))
 
 
+def _plain_ddp(parts: list[nn.Module], plan: Plan) -> bool:
+    """Data parallelism by DDP alone: one DDP module over the whole world's replicas."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    mesh = plan.mesh
+    return (
+        len(parts) == 1
+        and isinstance(parts[0], DistributedDataParallel)
+        and mesh.pp == 1
+        and mesh.tp == 1
+        and mesh.dp == mesh.data_replicas
+    )
+
+
 def _grad_squares(parts: list[nn.Module]) -> torch.Tensor:
     """Σ g² of this rank's part of the gradients (a tensor: no wait on the device)."""
     grads = [p.grad for part in parts for p in part.parameters() if p.grad is not None]
@@ -132,7 +173,9 @@ class AdaptiveStep:
         self.rule: LRRule = adaptive.lr_rule or default_rule(job.optimizer.kind)  # type: ignore[union-attr]
         replicas = plan.mesh.data_replicas
         self.dp = plan.mesh.dp
-        self.fixed = adaptive.max_global_batch == job.global_batch_size or plan.mesh.pp > 1
+        least = adaptive.min_global_batch or job.global_batch_size
+        pinned = adaptive.max_global_batch == job.global_batch_size == least
+        self.fixed = pinned or plan.mesh.pp > 1
         self.max_micro = adaptive.max_local_batch or max(
             plan.microbatch_size, adaptive.max_global_batch // replicas
         )
@@ -144,6 +187,7 @@ class AdaptiveStep:
         if state is None:
             state = AdaptState.start(adaptive, job.global_batch_size, shape)
         self.state = state.on_replicas(replicas, self.max_micro)
+        self.samples_before = self.state.samples  # the data position before the last step
         self.stream = SampleStream(dataset_size, job.seed)
         self.squares = _LocalSquares()
         self._first: torch.Tensor | None = None
@@ -157,6 +201,9 @@ class AdaptiveStep:
         self.local_scale = 1.0 / plan.num_microbatches**2 if plan.mesh.pp > 1 else 1.0
         self.one_replica = replicas == 1
         self._steps = 0
+        # plain DDP: every rank holds the averaged gradient after backward, and the step's
+        # numbers ride on its last bucket (no collective of their own)
+        self.ride = not self.one_replica and _plain_ddp(model.parts, plan)
         if not self.one_replica:
             _install_hooks(model.parts, self.squares)
 
@@ -166,6 +213,9 @@ class AdaptiveStep:
         """This rank's replica's micro-batches of the step at the current position."""
         shape = self.state.shape
         start = self.state.samples + self.model.data_replica * shape.per_replica
+        if self.ride:  # the step begins: its numbers wait for DDP's last bucket
+            seconds = self._timed[1] if self._timed is not None else 0.0
+            self.squares.riders = torch.tensor([seconds], dtype=DOUBLE)
         return list(self.stream.indices(start, shape.per_replica).split(shape.micro))
 
     # -- learning rate -----------------------------------------------------------------
@@ -189,12 +239,17 @@ class AdaptiveStep:
         """The step's gradients are complete (before clipping and tied-copy sums): start
         summing the norms over the gang (collected at :meth:`finish`, so the all-reduce
         runs beside the optimizer step)."""
+        reduced, self.squares.reduced, self.squares.riders = self.squares.reduced, None, None
         if self.one_replica:
             local = self._first if self._first is not None else torch.zeros((), dtype=DOUBLE)
         else:
             local = self.squares.take() * self.local_scale
         seconds = self._timed[1] if self._timed is not None else 0.0
         big = _grad_squares(self.model.parts)
+        if reduced is not None:  # plain DDP: (Σ seconds, Σ local) came with the gradients
+            numbers = torch.stack([reduced[1], big * self.dp, reduced[0]])
+            self._pending, self._first = (None, numbers, False), None
+            return
         numbers = torch.stack([local.to(big.device), big, big.new_tensor(seconds)])
         work = dist.all_reduce(numbers, async_op=True) if dist.is_initialized() else None
         self._pending = (work, numbers, self._first is not None)
@@ -224,19 +279,18 @@ class AdaptiveStep:
     # -- the step's end ----------------------------------------------------------------
 
     def finish(self, step: int, seconds: float) -> AdaptStats:
-        """Move the state past the step (``seconds`` it took here) and, every
-        ``adapt_every`` steps, choose the batch of the next ones."""
+        """Move the state past the step (``seconds`` it took here) and, when a choice is
+        due (:meth:`AdaptState.due`), choose the batch of the next ones."""
         if self._pending is not None:
             self._collect()
         stats = self.state.stats(self.rule)
         timed, ran = self._timed, self.state.shape
+        self.samples_before = self.state.samples
         self.state = self.state.after_step(self._sample, timed)
         self._sample = None
         self._timed = (ran, seconds) if self._steps > 0 else (ran, 0.0)
         self._steps += 1
-        due = not self.fixed and (step + 1) % self.adaptive.adapt_every == 0
-        signal = self.state.noise.ready and self.state.noise.sqr_avg > 0  # |G|² seen above 0
-        if due and self.state.observations and signal:
+        if not self.fixed and self.state.due(self.adaptive):
             self.state, _ = self.state.choose(self.adaptive, self.max_micro)
         return stats
 

@@ -185,7 +185,6 @@ class ElasticWorker:
         counts as a step for Adam's bias correction)."""
         trainer, signal = self._trainer(), self.signal
         assert signal is not None
-        every = self.checkpoints.every
         step = trainer.start_step
         trainer.trace(trace_steps)
         cadence = SnapshotCadence(snapshot_every, start=step)
@@ -212,7 +211,7 @@ class ElasticWorker:
                         began = time.perf_counter()
                         yield self._snapshot(step)
                         cadence.took(step, time.perf_counter() - began)
-                    if trainer.done(step) or step % every == 0:
+                    if trainer.done(step) or trainer.checkpoint_due(step):
                         final = trainer.save(step)
                 if torch.distributed.is_initialized():
                     torch.distributed.barrier()

@@ -226,6 +226,10 @@ class Trainer:
         counted = torch.cat(indices).tolist() if model.counts_samples and indices else []
         samples = len(counted)
         seconds = time.perf_counter() - started
+        # the adaptive batch's bookkeeping (norms collected, every K steps a choice) is
+        # part of the step's time as reported, not of the time its throughput model fits
+        adapt_stats = None if adapt is None else adapt.finish(step, seconds)
+        seconds = time.perf_counter() - started
         return StepReport(
             step=step,
             rank=self.rank,
@@ -236,7 +240,7 @@ class Trainer:
             lr=lr,
             finished_at=time.time(),
             sample_ids=tuple(counted),
-            adapt=None if adapt is None else adapt.finish(step, seconds),
+            adapt=adapt_stats,
         )
 
     def trace(self, trace_steps: int | None) -> None:
@@ -305,11 +309,21 @@ class Trainer:
             done += 1
             if (batch := self.take_trace(done)) is not None:
                 yield batch
-            if self.done(done) or done % self.checkpoints.every == 0:
+            if self.done(done) or self.checkpoint_due(done):
                 final = self.save(done)
         if dist.is_initialized():
             dist.barrier()
         return TrainOutcome(last_step=done, final_checkpoint=final)
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether the ``step`` steps done end on a checkpoint: every ``checkpoints.every``
+        steps; with an adaptive batch, whose steps change size, every ``every`` steps of
+        batch M0 in samples (after the step that reaches each multiple of every × M0)."""
+        every = self.checkpoints.every
+        if self.adapt is None:
+            return step % every == 0
+        period = every * self.adapt.state.init_batch
+        return self.adapt.state.samples // period > self.adapt.samples_before // period
 
     def done(self, step: int) -> bool:
         """Whether the run ends before ``step``: after ``job.steps`` steps, or with an

@@ -44,6 +44,7 @@ class JobArrays:
     max_local: np.ndarray
     fixed_batch: np.ndarray  # the user's batch; used where adaptive is false
     adaptive: np.ndarray  # bool
+    min_batch: np.ndarray | None = None  # the smallest total batch (None: init_batch)
 
 
 @dataclass(frozen=True)
@@ -83,12 +84,15 @@ def gain(batch, init_batch, sqr, var):
     return (var + sqr) / (var / scale + sqr)
 
 
-def goodput_table(jobs: JobArrays, max_gpus: int, gpus_per_node: int) -> GoodputTable:
-    """Goodput for 1..max_gpus GPUs per job, on the fewest nodes (⌈K/gpus_per_node⌉)."""
+def goodput_table(
+    jobs: JobArrays, max_gpus: int, gpus_per_node: int, local_grid: int = LOCAL_GRID
+) -> GoodputTable:
+    """Goodput for 1..max_gpus GPUs per job, on the fewest nodes (⌈K/gpus_per_node⌉),
+    searching ``local_grid`` geometric per-GPU batches."""
     n = len(jobs.grad_sqr)
     k = np.arange(1, max_gpus + 1, dtype=float)
     nodes = np.ceil(k / gpus_per_node)
-    frac = np.linspace(0.0, 1.0, LOCAL_GRID)
+    frac = np.linspace(0.0, 1.0, local_grid)
     lo, hi = np.log(jobs.min_local), np.log(jobs.max_local)
     m = np.round(np.exp(lo[:, None] + (hi - lo)[:, None] * frac[None, :]))  # (J, L)
     s = np.arange(MAX_ACCUM, dtype=float)
@@ -99,7 +103,8 @@ def goodput_table(jobs: JobArrays, max_gpus: int, gpus_per_node: int) -> Goodput
     total = kk * mm * (ss + 1)
     t = iter_time(jobs.params[:, None, None, None, :], nn, kk, mm, ss)
     eff = gain(total, jobs.init_batch[col], jobs.grad_sqr[col], jobs.grad_var[col])
-    ok = (total >= jobs.init_batch[col]) & (total <= jobs.max_batch[col])
+    least = jobs.init_batch if jobs.min_batch is None else jobs.min_batch
+    ok = (total >= least[col]) & (total <= jobs.max_batch[col])
     # a smaller per-GPU batch than the grid's is fine when more GPUs share M0
     good = np.where(ok, eff / t, 0.0).reshape(n, max_gpus, -1)
     best = np.argmax(good, axis=2)
