@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from unipar import validate
-from unipar.errors import UnsupportedPlanError
+from unipar.errors import ConfigError, UnsupportedPlanError
 from unipar.job import Job
 from unipar.plan import Plan, Strategy
 from unipar.ray_session import ray_session
@@ -147,6 +147,12 @@ def fit(
         plan = Plan.data_parallel(most, job.global_batch_size)
     if isinstance(plan, Plan):
         check_plan_for_run(plan, (config.least_workers, config.workers), job.global_batch_size)
+        if plan.replica_samples and job.adaptive is not None:
+            raise ConfigError(
+                "an adaptive batch changes every replica's share as it grows; it cannot "
+                f"keep the plan's uneven replica_samples {list(plan.replica_samples)}: "
+                "leave out one of them"
+            )
         _check_model_takes_plan(job, plan)
         if config.elastic:
             require_resizable(plan, config.least_workers, config.workers)
