@@ -11,6 +11,7 @@ so losses differ by rounding only).
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import pytest
 import ray
@@ -18,6 +19,7 @@ import torch
 from reference_loop import single_process_losses
 
 from unipar import fit, load_model_state
+from unipar.adapt import AdaptiveBatch
 from unipar.cluster.hetero import parse_hetero_cluster
 from unipar.errors import ConfigError
 from unipar.plan import Mesh, Plan
@@ -107,3 +109,10 @@ def test_bad_uneven_shares_name_the_field():
         Plan(mesh=Mesh(dp=2), microbatch_size=2, num_microbatches=3, replica_samples=(6, 3))
     with pytest.raises(ConfigError, match=r"replica_samples .* needs plain data parallelism"):
         Plan(mesh=Mesh(dp=2, tp=2), microbatch_size=1, num_microbatches=3, replica_samples=(3, 1))
+
+
+def test_uneven_shares_refuse_an_adaptive_batch(tmp_path):
+    job = replace(tiny_gpt_job(steps=2), adaptive=AdaptiveBatch(max_global_batch=16))
+    plan = Plan(mesh=Mesh(dp=2), microbatch_size=1, num_microbatches=6, replica_samples=(6, 2))
+    with pytest.raises(ConfigError, match=r"adaptive batch .* replica_samples"):
+        fit(job, workers=2, plan=plan, run_dir=tmp_path, progress=False)
