@@ -5,7 +5,7 @@ so the third is about twice as fast. A calibration run (even split) measures eac
 worker's seconds per sample and the gradient all-reduce; the cluster they make (one
 group per worker, its measured rate as its peak) goes to the heterogeneous planner,
 whose uneven plan is then run and compared with the best even split (all three
-workers, or the fast worker alone), measured in the same invocation, in two rounds of
+workers, or the fast worker alone), measured in the same invocation, in three rounds of
 calibrate-then-run. Prints measured and predicted step times (medians after one warm-up
 step); the ratio takes each case's median over rounds, pred_err the median over all runs. Last line:
 ``RESULT uneven_vs_even=<uneven / best even, measured> pred_err=<median |pred/meas - 1|>``.
@@ -37,7 +37,7 @@ CONFIG = MLPConfig(in_features=256, hidden=256, layers=4, out_features=16, expan
 # The global batch is large enough that compute outweighs the gradient all-reduce
 # (~30 ms for this model's 2.1M parameters over gloo) about 20 to 1: the best uneven
 # split can at most reach 0.75 of the best even one here (rates 1:1:2 per worker).
-BATCH, MICRO, STEPS, ROUNDS = 6144, 32, 5, 2
+BATCH, MICRO, STEPS, ROUNDS = 6144, 32, 4, 3
 CPUS = [[0], [0], [1]]
 
 
