@@ -26,6 +26,7 @@ Pure arithmetic: no Ray, no processes.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from unipar.cluster.spec import LinkSpec
@@ -147,20 +148,24 @@ def predict_placed(
     ``tied_params``: parameters of the first layer that the last layer shares (a GPT's
     tied embedding), all-reduced between the first and last stage when ``pp > 1``."""
     p = plan
-    if len(p.stage_starts) != p.pp + 1 or p.stage_starts[-1] != len(layers):
+    starts = list(p.stage_starts)
+    if len(starts) != p.pp + 1 or starts[0] != 0 or starts[-1] != len(layers):
         raise ConfigError(
-            f"stage_starts must hold pp+1 = {p.pp + 1} layer indices ending at "
-            f"{len(layers)}, but got {p.stage_starts}"
+            f"stage_starts must hold pp+1 = {p.pp + 1} layer indices from 0 to "
+            f"{len(layers)}, but got {starts}; give each stage's first layer and the end"
+        )
+    if any(a >= b for a, b in itertools.pairwise(starts)):
+        raise ConfigError(
+            f"stage_starts must increase (every stage holds a layer), but got {starts}"
         )
     if p.global_batch_size % (p.dp * p.microbatch_size):
         raise ConfigError(
             f"global_batch_size {p.global_batch_size} must be a multiple of dp * "
-            f"microbatch_size = {p.dp * p.microbatch_size}"
+            f"microbatch_size = {p.dp * p.microbatch_size}; change the micro-batch size"
         )
     if len(tp_allreduces) != len(layers):
         raise ConfigError(
-            f"tp_allreduces needs one count per layer ({len(layers)}), but got "
-            f"{len(tp_allreduces)}"
+            f"tp_allreduces needs one count per layer ({len(layers)}), but got {len(tp_allreduces)}"
         )
     layout = _Layout(nodes, p)
     micro = p.global_batch_size // (p.dp * p.microbatch_size)
