@@ -1,17 +1,29 @@
-"""Our cost formulas on AMP's published heterogeneous-cluster trials
+"""Our step-time model on AMP's published heterogeneous-cluster trials
 (tests/reference/amp_het_cluster.csv), beside AMP's own cost model.
 
-Nothing is fitted to the measured times: the devices are spec-sheet figures (V100 as
-the ``v100-16g`` preset; T4: 65 TFLOP/s fp16, NVIDIA T4 datasheet, with the V100's
-GEMM efficiency), the links are AMP's own cluster description (src/het_cluster.py:
-nodes 0-2 at 170 Gb/s inside and 10 Gb/s out; node 3 at 50 Gb/s both), ranks laid
-out as DeepSpeed's pipe-data-model topology (model innermost, 4 ranks per node,
-node 3 the T4 node). AMP's 30 layer units are taken as 3 before the 24 blocks and 3
-after (embedding; final norm and head). Step time: ``(M + S - 1)`` times the slowest
-stage's micro-batch time (compute + TP all-reduces + activations sent on), plus the
-slowest stage's gradient all-reduce over its data-parallel ranks (the formulas of
-unipar.plan.hetero). Last line: ``RESULT ours_median_err=.. ours_spearman=..
-amp_median_err=.. amp_spearman=..``.
+Nothing is fitted to the measured times. The trials ran DeepSpeed's pipe engine on
+Megatron's GPT-2 (AMP's repository, DeepSpeed/DeepSpeedExamples/Megatron-LM-v1.1.5-
+3D_parallelism: ``--fp16``, ``"fp32_allreduce": true``, no activation checkpointing) on
+3 AWS p3.8xlarge nodes (4 V100-SXM2 each) and 1 g4dn.12xlarge (4 T4), the T4 node last
+(AMP's src/het_cluster.py). The testbed as :mod:`unipar.plan.placed` sees it:
+
+- V100: 39 TFLOP/s sustained over a whole Megatron GPT-2 step, 30% of its 125 TFLOP/s
+  (Shoeybi et al. 2019, Sec. 5.1, the single-GPU baseline). T4: power-capped at 70 W,
+  its fp16 matrix products sustain about 24 TFLOP/s, not the 65 of the datasheet (NVIDIA
+  developer forum, "About GPU peak performance", cuBLAS 4096^3); a whole step reaches
+  the same fraction of that as the V100 does of its sustained GEMM rate
+  (39 / (0.75 * 125)): 24 * 0.30 / 0.75 = 9.6 TFLOP/s. Memory: 900 and 320 GB/s.
+- Links (AMP's src/het_cluster.py and paper, AWS instance pages): p3.8xlarge NVLink
+  170 Gb/s per GPU inside, 10 Gb/s network; g4dn.12xlarge PCIe 50 Gb/s inside, 50 Gb/s
+  network; 50 us per message over TCP, 12-15 us inside a node.
+- Model units as DeepSpeed's GPT2ModelPipe lists them (the 30 units AMP's partitions
+  cut): embedding (tied), transpose, 24 blocks, transpose, final norm, logits (the tied
+  embedding), fp16-to-fp32. Tensor-parallel all-reduces per micro-batch: 4 per block
+  (Megatron), 1 at the embedding (forward) and 1 at the logits (backward).
+
+Last line: ``RESULT ours_median_err=.. ours_spearman=.. amp_median_err=.. amp_spearman=..``.
+With the T4 at 30% of its datasheet peak instead (19.5 TFLOP/s, ignoring the power
+cap) the figures are 0.217 / 0.701: the rank correlation does not hinge on that choice.
 """
 
 from __future__ import annotations
@@ -22,80 +34,58 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
+from unipar.cluster.spec import LinkSpec
+from unipar.plan.hetero import LayerProfile
+from unipar.plan.placed import Placed3DPlan, PlacedNode, predict_placed
+
 CSV = Path(__file__).resolve().parents[1] / "tests" / "reference" / "amp_het_cluster.csv"
-H, S, V, GBS = 1024, 1024, 52256, 32
-V100 = 125e12 * 0.75
-T4 = 65e12 * 0.75
-INTRA = [170e9 / 8] * 3 + [50e9 / 8]
-INTER = [10e9 / 8] * 3 + [50e9 / 8]
-BYTES = 2  # fp16
+H, S, V, LAYERS, GBS = 1024, 1024, 52256, 24, 32
+V100_STEP_FLOPS = 0.30 * 125e12
+T4_STEP_FLOPS = 24e12 * 0.30 / 0.75
+P3 = PlacedNode(
+    "p3.8xlarge", 4, V100_STEP_FLOPS, 900e9, LinkSpec(170e9 / 8, 12e-6), LinkSpec(10e9 / 8, 50e-6)
+)
+G4 = PlacedNode(
+    "g4dn.12xlarge", 4, T4_STEP_FLOPS, 320e9, LinkSpec(50e9 / 8, 15e-6), LinkSpec(50e9 / 8, 50e-6)
+)
+NODES = (P3, P3, P3, G4)
 
 
-def _unit_flops(unit: int) -> float:
-    if 3 <= unit < 27:
-        return 3 * (24 * S * H * H + 4 * S * S * H)
-    return 3 * 2 * S * H * V if unit == 28 else 0.0
-
-
-def _unit_params(unit: int) -> float:
-    if 3 <= unit < 27:
-        return 12 * H * H
-    return V * H if unit in (1, 28) else 0.0
-
-
-def _ring(nbytes: float, ranks: int, bandwidth: float) -> float:
-    return 0.0 if ranks <= 1 else 2 * (ranks - 1) / ranks * nbytes / bandwidth
-
-
-def predict(mbs: int, mp: int, dp: int, pp: int, parts: list[int]) -> float:
-    micro = GBS // (dp * mbs)
-    stage_s, grad_s = [], []
-    for k in range(pp):
-        ranks = range(k * dp * mp, (k + 1) * dp * mp)
-        nodes = sorted({r // 4 for r in ranks})
-        rate = min(T4 if n == 3 else V100 for n in nodes)
-        units = range(parts[k], parts[k + 1])
-        compute = sum(_unit_flops(u) for u in units) * mbs / (mp * rate)
-        blocks = sum(1 for u in units if 3 <= u < 27)
-        act = mbs * S * H * BYTES
-        tp = 4 * blocks * _ring(act, mp, min(INTRA[n] for n in nodes))
-        send = 0.0
-        if k + 1 < pp:
-            here, there = (k + 1) * dp * mp - 1, (k + 1) * dp * mp
-            link = (
-                INTRA[here // 4]
-                if here // 4 == there // 4
-                else min(INTER[here // 4], INTER[there // 4])
-            )
-            send = 2 * act / mp / link
-        stage_s.append(compute + tp + send)
-        # a data-parallel group spanning nodes is bound by the slowest node network
-        dp_link = min((INTER if len(nodes) > 1 else INTRA)[n] for n in nodes)
-        params = sum(_unit_params(u) for u in units) / mp
-        grad_s.append(_ring(params * BYTES, dp, dp_link))
-    return (micro + pp - 1) * max(stage_s) + max(grad_s)
+def gpt2_units() -> tuple[tuple[LayerProfile, ...], tuple[int, ...]]:
+    """The 30 pipe units (fp16 activations) and their tensor-parallel all-reduces."""
+    act = S * H * 2
+    block = LayerProfile(3 * (24 * S * H * H + 4 * S * S * H), 12 * H * H + 13 * H, 0, act)
+    free = LayerProfile(0, 0, 0, act)
+    embed = LayerProfile(0, V * H + S * H, 0, act)
+    norm = LayerProfile(0, 2 * H, 0, act)
+    logits = LayerProfile(3 * 2 * S * H * V, V * H, 0, S * V * 2)
+    layers = (embed, free, *[block] * LAYERS, free, norm, logits, free)
+    return layers, (1, 0, *[4] * LAYERS, 0, 0, 1, 0)
 
 
 def main() -> None:
     lines = [line for line in CSV.read_text().splitlines() if not line.startswith("#")]
     rows = list(csv.DictReader(lines))
+    layers, allreduces = gpt2_units()
     measured = [float(r["measured_s"]) for r in rows]
     amp = [float(r["amp_predicted_s"]) for r in rows]
-    ours = [
-        predict(
-            int(r["microbatch"]),
-            int(r["mp"]),
-            int(r["dp"]),
-            int(r["pp"]),
-            [int(x) for x in r["partition"].split()],
+    ours = []
+    for r in rows:
+        plan = Placed3DPlan(
+            global_batch_size=GBS,
+            microbatch_size=int(r["microbatch"]),
+            tp=int(r["mp"]),
+            dp=int(r["dp"]),
+            pp=int(r["pp"]),
+            stage_starts=tuple(int(x) for x in r["partition"].split()),
         )
-        for r in rows
-    ]
-    for r, o in zip(rows, ours, strict=True):
+        step = predict_placed(layers, allreduces, NODES, plan, tied_params=V * H)
+        ours.append(step.total_s)
         print(
             f"trial {r['trial']:>2} mbs={r['microbatch']:>2} mp={r['mp']} dp={r['dp']:>2} "
             f"pp={r['pp']:>2} measured {r['measured_s']:>5} s AMP {r['amp_predicted_s']} s "
-            f"ours {o:.3f} s"
+            f"ours {step.total_s:.3f} s (pipeline {step.pipeline_s:.2f}, dp all-reduce "
+            f"{step.data_parallel_s:.2f}, tied {step.tied_s:.2f}, optimizer {step.optimizer_s:.2f})"
         )
 
     def err(pred: list[float]) -> float:

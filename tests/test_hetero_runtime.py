@@ -1,6 +1,7 @@
-"""Parity of heterogeneous plans: uneven data-parallel shares and uneven pipeline stages,
-made by the heterogeneous planner for a mixed cluster, train the small GPT to the
-single-process losses.
+"""Parity of heterogeneous plans: uneven data-parallel shares (on their own Ray actors
+and through ``fit``) and uneven pipeline stages (through ``fit``), made by the
+heterogeneous planner for a mixed cluster, train the small GPT to the single-process
+losses.
 
 Tolerances, float32: relative 1e-5 per step's loss and absolute 1e-4 on the final
 weights, as tests/test_parity_plans.py (sums over replicas are taken in another order,
@@ -10,13 +11,17 @@ so losses differ by rounding only).
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
+import pytest
 import ray
 import torch
 from reference_loop import single_process_losses
 
 from unipar import fit, load_model_state
+from unipar.adapt import AdaptiveBatch
 from unipar.cluster.hetero import parse_hetero_cluster
+from unipar.errors import ConfigError
 from unipar.plan import Mesh, Plan
 from unipar.plan.hetero import HeteroKind, LayerProfile, plan_hetero, transformer_layers
 from unipar.runtime.uneven_dp import train_uneven
@@ -69,15 +74,45 @@ def test_uneven_pipeline_stages_match_single_process(ray_cluster, tmp_path):
     )
     sizes = [a.end_layer - a.first_layer for a in sorted(hetero.assignments, key=lambda a: a.stage)]
     assert len(sizes) == 2 and sizes[0] != sizes[1], sizes  # uneven stages
-    plan = Plan(
-        mesh=Mesh(pp=2),
-        microbatch_size=hetero.microbatch_size,
-        num_microbatches=hetero.num_microbatches,
-        stage_boundaries=hetero.stage_boundaries,
-    )
+    plan = hetero.to_plan()
+    assert plan.mesh.pp == 2 and plan.stage_boundaries == hetero.stage_boundaries
     expected_losses, expected_weights = single_process_losses(job)
     result = fit(job, workers=2, plan=plan, run_dir=tmp_path, progress=False)
     torch.testing.assert_close(result.losses, expected_losses, rtol=RTOL, atol=0)
     final = load_model_state(result.final_checkpoint)
     for name, tensor in expected_weights.items():
         torch.testing.assert_close(final[name], tensor, rtol=0, atol=ATOL, msg=name)
+
+
+def test_uneven_data_parallel_shares_through_fit_match_single_process(ray_cluster, tmp_path):
+    job = tiny_gpt_job(steps=6)
+    hetero = plan_hetero(
+        _tiny_gpt_layers(),
+        parse_hetero_cluster(CLUSTER),
+        job.global_batch_size,
+        kinds=(HeteroKind.DATA_PARALLEL,),
+        microbatch_sizes=(1,),
+    )
+    plan = hetero.to_plan()
+    assert plan.mesh.dp == 2 and plan.replica_samples[0] > plan.replica_samples[1] > 0
+    assert Plan.from_json(plan.to_json()) == plan
+    expected_losses, expected_weights = single_process_losses(job)
+    result = fit(job, workers=2, plan=plan, run_dir=tmp_path, progress=False)
+    torch.testing.assert_close(result.losses, expected_losses, rtol=RTOL, atol=0)
+    final = load_model_state(result.final_checkpoint)
+    for name, tensor in expected_weights.items():
+        torch.testing.assert_close(final[name], tensor, rtol=0, atol=ATOL, msg=name)
+
+
+def test_bad_uneven_shares_name_the_field():
+    with pytest.raises(ConfigError, match="replica_samples must give each of the dp=2"):
+        Plan(mesh=Mesh(dp=2), microbatch_size=2, num_microbatches=3, replica_samples=(6, 3))
+    with pytest.raises(ConfigError, match=r"replica_samples .* needs plain data parallelism"):
+        Plan(mesh=Mesh(dp=2, tp=2), microbatch_size=1, num_microbatches=3, replica_samples=(3, 1))
+
+
+def test_uneven_shares_refuse_an_adaptive_batch(tmp_path):
+    job = replace(tiny_gpt_job(steps=2), adaptive=AdaptiveBatch(max_global_batch=16))
+    plan = Plan(mesh=Mesh(dp=2), microbatch_size=1, num_microbatches=6, replica_samples=(6, 2))
+    with pytest.raises(ConfigError, match=r"adaptive batch .* replica_samples"):
+        fit(job, workers=2, plan=plan, run_dir=tmp_path, progress=False)

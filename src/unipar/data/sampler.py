@@ -54,6 +54,8 @@ class GlobalBatchSampler:
 class ShardedBatches:
     """One worker's view: the micro-batches it computes for each optimizer step.
 
+    ``shares``: uneven data-parallel shares, samples per step of each rank (rank ``r``
+    takes the ``shares[r]`` samples after those of ranks below it); empty: equal slices.
     Caches the current epoch's permutation so a step costs one slice, not a sort.
     """
 
@@ -63,11 +65,13 @@ class ShardedBatches:
         rank: int,
         world_size: int,
         microbatch_size: int,
+        shares: tuple[int, ...] = (),
     ) -> None:
         self.sampler = sampler
         self.rank = rank
         self.world_size = world_size
         self.microbatch_size = microbatch_size
+        self.shares = shares
         self._epoch = -1
         self._permutation = torch.empty(0, dtype=torch.long)
 
@@ -75,8 +79,12 @@ class ShardedBatches:
         epoch, position = divmod(step, self.sampler.steps_per_epoch)
         if epoch != self._epoch:
             self._epoch, self._permutation = epoch, self.sampler.permutation(epoch)
-        per_worker = self.sampler.global_batch_size // self.world_size
-        start = position * self.sampler.global_batch_size + self.rank * per_worker
+        if self.shares:
+            per_worker, offset = self.shares[self.rank], sum(self.shares[: self.rank])
+        else:
+            per_worker = self.sampler.global_batch_size // self.world_size
+            offset = self.rank * per_worker
+        start = position * self.sampler.global_batch_size + offset
         mine = self._permutation[start : start + per_worker]
         return list(mine.split(self.microbatch_size))
 

@@ -29,11 +29,14 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from unipar.cluster.hetero import HeteroCluster, NodeGroup
 from unipar.cluster.spec import GIB, LinkSpec
 from unipar.errors import ConfigError, ResourceError
+
+if TYPE_CHECKING:
+    from unipar.plan.representation import Plan
 
 
 class HeteroKind(Enum):
@@ -115,6 +118,43 @@ class HeteroPlan:
     def replica_samples(self) -> tuple[int, ...]:
         """Samples per data-parallel replica, in group order (data-parallel plans)."""
         return tuple(n * self.microbatch_size for a in self.assignments for n in a.microbatches)
+
+    def to_plan(self) -> Plan:
+        """The runtime's :class:`~unipar.plan.Plan` for this plan, for ``fit``: data
+        parallel with uneven ``replica_samples`` (rank ``r`` is replica ``r`` in group
+        order; replicas that take no samples are left out), or a pipeline with this
+        plan's uneven ``stage_boundaries`` (one device per stage; layer indices as in
+        the profiles given to :func:`plan_hetero`, so give those in the runtime model's
+        layer order). Ranks follow this order; placing each rank on its group's devices
+        is up to the cluster."""
+        from unipar.plan.representation import Mesh, Plan
+
+        if any(a.tp > 1 for a in self.assignments):
+            raise ConfigError(
+                "HeteroPlan.to_plan: the runtime takes uneven shares and stages without "
+                "tensor parallelism, but this plan has tp="
+                f"{[a.tp for a in self.assignments]}; plan with tp=1 groups"
+            )
+        if self.kind is HeteroKind.DATA_PARALLEL:
+            samples = tuple(n for n in self.replica_samples if n)
+            return Plan(
+                mesh=Mesh(dp=len(samples)),
+                microbatch_size=self.microbatch_size,
+                num_microbatches=max(samples) // self.microbatch_size,
+                replica_samples=samples,
+            )
+        if any(a.replicas != 1 for a in self.assignments):
+            raise ConfigError(
+                "HeteroPlan.to_plan: the runtime's pipeline has one device per stage, but "
+                f"this plan's stages have {[a.replicas for a in self.assignments]} replicas; "
+                "use groups of one device each"
+            )
+        return Plan(
+            mesh=Mesh(pp=len(self.assignments)),
+            microbatch_size=self.microbatch_size,
+            num_microbatches=self.num_microbatches,
+            stage_boundaries=self.stage_boundaries,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

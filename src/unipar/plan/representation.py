@@ -161,6 +161,11 @@ class Plan:
     ``recompute_every``: with full recompute, every n-th layer recomputes and the others
     keep their activations (1: all layers; Megatron-LM's ``--recompute-num-layers``,
     torchtitan's selective layer checkpointing).
+    ``replica_samples``: uneven data-parallel shares, the samples of each step that data
+    replica ``r`` (rank ``r``) takes, for replicas of different speed (a heterogeneous
+    plan's :attr:`~unipar.plan.hetero.HeteroPlan.replica_samples`); plain data parallel
+    only, each a multiple of ``microbatch_size``; ``num_microbatches`` is then the most
+    any replica takes. Empty: every replica takes the same share.
     """
 
     mesh: Mesh = field(default_factory=Mesh)
@@ -176,10 +181,13 @@ class Plan:
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
     recompute_every: int = 1
+    replica_samples: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("microbatch_size", "num_microbatches", "virtual_stages", "recompute_every"):
             validate.integer(f"plan field {name}", getattr(self, name), minimum=1)
+        if self.replica_samples:
+            self._check_replica_samples()
         stages = self.mesh.pp * self.virtual_stages
         bounds = self.stage_boundaries
         if bounds and (
@@ -195,6 +203,29 @@ class Plan:
                 "to let the runtime balance the stages"
             )
 
+    def _check_replica_samples(self) -> None:
+        shares, mesh, mb = self.replica_samples, self.mesh, self.microbatch_size
+        if mesh.world_size != mesh.dp:
+            raise ConfigError(
+                f"plan field replica_samples (uneven data-parallel shares) needs plain data "
+                f"parallelism, but the mesh has pp={mesh.pp}, fsdp={mesh.fsdp}, tp={mesh.tp}, "
+                f"cp={mesh.cp}; use a mesh of dp only, or leave replica_samples out"
+            )
+        whole = all(isinstance(n, int) and not isinstance(n, bool) for n in shares)
+        if (
+            not whole
+            or len(shares) != mesh.dp
+            or any(n < mb or n % mb for n in shares)
+            or max(shares) // mb != self.num_microbatches
+        ):
+            raise ConfigError(
+                f"plan field replica_samples must give each of the dp={mesh.dp} replicas a "
+                f"positive multiple of microbatch_size={mb} samples, the largest being "
+                f"num_microbatches={self.num_microbatches} micro-batches, but got "
+                f"{list(shares)}; take them from HeteroPlan.to_plan(), or drop replicas "
+                "that take no samples"
+            )
+
     @property
     def recomputed_fraction(self) -> float:
         """The share of layers whose forward runs again in backward (full recompute)."""
@@ -202,6 +233,8 @@ class Plan:
 
     @property
     def global_batch_size(self) -> int:
+        if self.replica_samples:
+            return sum(self.replica_samples)
         return self.microbatch_size * self.num_microbatches * self.mesh.data_replicas
 
     @classmethod
@@ -272,11 +305,12 @@ class Plan:
         ):
             if name in values:
                 values[name] = _enum_value(enum, values[name], name)
-        for name in ("stage_boundaries", "layer_tp"):
+        for name in ("stage_boundaries", "layer_tp", "replica_samples"):
             if name in values and not isinstance(values[name], list):
                 raise ConfigError(f"plan field {name} must be a list, but got {values[name]!r}")
-        if "stage_boundaries" in values:
-            values["stage_boundaries"] = tuple(values["stage_boundaries"])
+        for name in ("stage_boundaries", "replica_samples"):
+            if name in values:
+                values[name] = tuple(values[name])
         if "layer_tp" in values:
             values["layer_tp"] = tuple(
                 _enum_value(TensorParallelStyle, v, "layer_tp") for v in values["layer_tp"]

@@ -43,6 +43,8 @@ def _fewer_stages(plan: Plan, pp: int) -> dict[str, Any]:
 def resize_plan(plan: Plan, workers: int) -> Plan | None:
     """``plan`` for ``workers`` workers and the same global batch, or None if none of
     the reductions above gives one."""
+    if plan.replica_samples:  # uneven shares are for the replicas they were made for
+        return plan if workers == plan.mesh.world_size else None
     mesh, batch = plan.mesh, plan.global_batch_size
     for pp in [d for d in range(mesh.pp, 0, -1) if mesh.pp % d == 0]:
         for tp in (mesh.tp, 1) if mesh.tp > 1 else (1,):

@@ -159,6 +159,12 @@ def fit(
                     f"a parameter-server run takes no {refusal}; leave it out, or pass "
                     "grad_sync='all_reduce'"
                 )
+        if plan.replica_samples and job.adaptive is not None:
+            raise ConfigError(
+                "an adaptive batch changes every replica's share as it grows; it cannot "
+                f"keep the plan's uneven replica_samples {list(plan.replica_samples)}: "
+                "leave out one of them"
+            )
         _check_model_takes_plan(job, plan)
         if config.elastic:
             require_resizable(plan, config.least_workers, config.workers)

@@ -122,7 +122,11 @@ class ParallelModel:
                 self.parts[0], enabled=last, keep_gathered=not self.plan.reshard_after_forward
             ):
                 with self._span(TracedAction.FORWARD, index):
-                    loss = loss_fn(self.parts[0](inputs), targets) / len(microbatches)
+                    loss = loss_fn(self.parts[0](inputs), targets)
+                    if self.plan.replica_samples:
+                        loss = loss * self._uneven_weight()
+                    else:
+                        loss = loss / len(microbatches)
                 with self._span(TracedAction.BACKWARD, index):  # the last one syncs too
                     loss.backward()
             if observer is not None:
@@ -131,6 +135,14 @@ class ParallelModel:
         if observer is not None:
             observer.after_backward()
         return total
+
+    def _uneven_weight(self) -> float:
+        """A micro-batch's weight under uneven data-parallel shares. The replicas'
+        gradients are averaged (DDP), so a micro-batch weighs ``replicas * microbatch_size
+        / global_batch``: the average is then the gradient of the mean loss over the whole
+        global batch, as with equal shares (where the weight is ``1 / microbatches``)."""
+        plan = self.plan
+        return plan.mesh.data_replicas * plan.microbatch_size / plan.global_batch_size
 
     def _span(
         self, action: TracedAction, microbatch: int

@@ -154,6 +154,7 @@ class Trainer:
             self.model.data_replica,
             self.plan.mesh.data_replicas,
             self.plan.microbatch_size,
+            self.plan.replica_samples,
         )
 
     def adopt(self, previous: Trainer, step: int) -> int:
