@@ -84,6 +84,12 @@ def check_worth_serving_job(job: Job) -> None:
 def check_servers_plan(plan: Plan) -> None:
     """Servers serve pure data parallelism."""
     mesh = plan.mesh
+    if plan.replica_samples:
+        raise ConfigError(
+            f"a parameter-server plan splits every global batch evenly over its workers, but "
+            f"got replica_samples={list(plan.replica_samples)}; leave replica_samples out, or "
+            "pass grad_sync='all_reduce'"
+        )
     if mesh.world_size != mesh.dp:
         raise ConfigError(
             f"a parameter-server plan is pure data parallel, but got tp={mesh.tp} pp={mesh.pp} "

@@ -71,6 +71,11 @@ def check_context_parallel(model: nn.Module, plan: Plan) -> None:
             f"cp={mesh.cp} with pp={mesh.pp}, fsdp={mesh.fsdp}, tp={mesh.tp}; set pp, fsdp "
             "and tp to 1, or cp to 1"
         )
+    if plan.replica_samples:
+        raise UnsupportedPlanError(
+            f"context parallelism takes even data-parallel shares, but got replica_samples="
+            f"{list(plan.replica_samples)}; leave replica_samples out, or set cp to 1"
+        )
     if not position_modules(model):
         raise UnsupportedPlanError(
             f"context parallelism needs a model that shifts its positions by a chunk's "
