@@ -107,6 +107,10 @@ class PSWorker:
                     "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
                 )
 
+    def ready(self) -> bool:
+        """Answers once the worker is built (``PSRun`` times training from there)."""
+        return True
+
     def _lookup_hook(self, table: str) -> Callable:
         def hook(module: nn.Embedding, args: tuple) -> tuple:
             (ids, *rest) = args
@@ -227,7 +231,7 @@ class PSResult:
     losses: list[list[float]]  # per worker
     step_s: list[list[float]]  # per worker, each step's time
     params: dict[str, torch.Tensor]  # the trained model's full state
-    wall_s: float
+    wall_s: float  # from every worker and server up to the last worker's end
     bytes_pulled: int
     bytes_pushed: int
     steps: int
@@ -295,6 +299,9 @@ class PSRun:
             actor.remote(r, workers, factory, self.parts, self.servers, config, dense_init, port)
             for r in range(workers)
         ]
+        # training time starts once every worker is up (processes, model, connections)
+        up = [w.ready.remote() for w in self.workers]
+        ray.get(up + [server.status.remote() for server in self.servers])
         self.started = time.perf_counter()
         self.refs = [w.run.remote(data, loss_fn, budget, steps, slowdown) for w in self.workers]
 
