@@ -44,15 +44,20 @@ def _tiny_gpt_layers() -> tuple[LayerProfile, ...]:
     return (embed, free, *blocks, free, head)
 
 
-def test_uneven_data_parallel_shares_match_single_process(ray_cluster):
-    job = tiny_gpt_job(steps=6)
-    plan = plan_hetero(
+def _hetero_plan(job, kind: HeteroKind, microbatch: int):  # type: ignore[no-untyped-def]
+    """The heterogeneous planner's plan of ``kind`` for the tiny GPT on ``CLUSTER``."""
+    return plan_hetero(
         _tiny_gpt_layers(),
         parse_hetero_cluster(CLUSTER),
         job.global_batch_size,
-        kinds=(HeteroKind.DATA_PARALLEL,),
-        microbatch_sizes=(1,),
+        kinds=(kind,),
+        microbatch_sizes=(microbatch,),
     )
+
+
+def test_uneven_data_parallel_shares_match_single_process(ray_cluster):
+    job = tiny_gpt_job(steps=6)
+    plan = _hetero_plan(job, HeteroKind.DATA_PARALLEL, 1)
     samples = plan.replica_samples
     assert len(samples) == 2 and samples[0] > samples[1] > 0  # the A100 takes more
     expected_losses, expected_weights = single_process_losses(job)
@@ -64,14 +69,7 @@ def test_uneven_data_parallel_shares_match_single_process(ray_cluster):
 
 def test_uneven_pipeline_stages_match_single_process(ray_cluster, tmp_path):
     job = tiny_gpt_job(steps=6)
-    layers = _tiny_gpt_layers()
-    hetero = plan_hetero(
-        layers,
-        parse_hetero_cluster(CLUSTER),
-        job.global_batch_size,
-        kinds=(HeteroKind.PIPELINE,),
-        microbatch_sizes=(2,),
-    )
+    hetero = _hetero_plan(job, HeteroKind.PIPELINE, 2)
     sizes = [a.end_layer - a.first_layer for a in sorted(hetero.assignments, key=lambda a: a.stage)]
     assert len(sizes) == 2 and sizes[0] != sizes[1], sizes  # uneven stages
     plan = hetero.to_plan()
@@ -86,13 +84,7 @@ def test_uneven_pipeline_stages_match_single_process(ray_cluster, tmp_path):
 
 def test_uneven_data_parallel_shares_through_fit_match_single_process(ray_cluster, tmp_path):
     job = tiny_gpt_job(steps=6)
-    hetero = plan_hetero(
-        _tiny_gpt_layers(),
-        parse_hetero_cluster(CLUSTER),
-        job.global_batch_size,
-        kinds=(HeteroKind.DATA_PARALLEL,),
-        microbatch_sizes=(1,),
-    )
+    hetero = _hetero_plan(job, HeteroKind.DATA_PARALLEL, 1)
     plan = hetero.to_plan()
     assert plan.mesh.dp == 2 and plan.replica_samples[0] > plan.replica_samples[1] > 0
     assert Plan.from_json(plan.to_json()) == plan
