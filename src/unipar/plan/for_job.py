@@ -44,10 +44,10 @@ def job_model_spec(job: Job) -> ModelSpec:
 def serves_embeddings(job: Job) -> bool:
     """Whether ``job``'s model has embedding tables worth parameter servers (the planner
     then prices them; see :mod:`unipar.plan.grad_sync`)."""
-    from unipar.plan.grad_sync import sparse_facts
+    from unipar.plan.grad_sync import parameter_facts
     from unipar.ps.worth import WORTH_SERVING_SHARE
 
-    return sparse_facts(job_model_spec(job)).table_share >= WORTH_SERVING_SHARE
+    return parameter_facts(job.model).table_share >= WORTH_SERVING_SHARE
 
 
 def plan_job(

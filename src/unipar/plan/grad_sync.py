@@ -16,6 +16,7 @@ is looked at on the meta device and priced with :mod:`unipar.ps.cost`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -82,17 +83,7 @@ def sparse_facts(model: ModelSpec) -> SparseFacts:
     when the tables hold enough of the parameters to be worth serving."""
     with torch.device("meta"):
         module = model.factory()
-    owners: dict[int, int] = {}
-    for m in module.modules():
-        for p in m.parameters(recurse=False):
-            owners[id(p)] = owners.get(id(p), 0) + 1
-    embeddings = {
-        name: m
-        for name, m in module.named_modules()
-        if isinstance(m, nn.Embedding) and owners.get(id(m.weight), 0) == 1
-    }
-    served = {id(m.weight) for m in embeddings.values()}
-    dense = sum(p.numel() for p in module.parameters() if id(p) not in served)
+    embeddings, dense = _untied_embeddings(module)
     ids = dict.fromkeys(embeddings, 0.0)
     facts = SparseFacts(_tables(embeddings, ids), dense)
     if facts.table_share < WORTH_SERVING_SHARE:
@@ -112,6 +103,31 @@ def sparse_facts(model: ModelSpec) -> SparseFacts:
         for h in handles:
             h.remove()
     return SparseFacts(_tables(embeddings, ids), dense)
+
+
+def parameter_facts(factory: Callable[[], nn.Module]) -> SparseFacts:
+    """The tables and dense parameters of ``factory()`` built on the meta device, no
+    forward (ids per sample unknown: 0); enough for the share the tables hold."""
+    with torch.device("meta"):
+        module = factory()
+    embeddings, dense = _untied_embeddings(module)
+    return SparseFacts(_tables(embeddings, dict.fromkeys(embeddings, 0.0)), dense)
+
+
+def _untied_embeddings(module: nn.Module) -> tuple[dict[str, nn.Embedding], int]:
+    """Embeddings whose weight no other module shares, and the count of every other
+    parameter (a tied table's gradient is dense)."""
+    owners: dict[int, int] = {}
+    for m in module.modules():
+        for p in m.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    embeddings = {
+        name: m
+        for name, m in module.named_modules()
+        if isinstance(m, nn.Embedding) and owners.get(id(m.weight), 0) == 1
+    }
+    served = {id(m.weight) for m in embeddings.values()}
+    return embeddings, sum(p.numel() for p in module.parameters() if id(p) not in served)
 
 
 def _tables(embeddings: dict[str, nn.Embedding], ids: dict[str, float]) -> tuple[TableUse, ...]:

@@ -67,11 +67,10 @@ def check_worth_serving_job(job: Job) -> None:
     """Refuse servers for a model whose embedding tables (not tied to another layer)
     hold under half the parameters: pulls and pushes would move about as many bytes
     as an all-reduce."""
-    from unipar.plan.for_job import job_model_spec
-    from unipar.plan.grad_sync import sparse_facts
+    from unipar.plan.grad_sync import parameter_facts
     from unipar.ps.worth import WORTH_SERVING_SHARE
 
-    facts = sparse_facts(job_model_spec(job))
+    facts = parameter_facts(job.model)
     if facts.table_share < WORTH_SERVING_SHARE:
         raise ConfigError(
             f"nothing worth a parameter server: the model's embedding tables hold "

@@ -23,6 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.experimental import implicit_replication
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
 from unipar.errors import UnsupportedPlanError
@@ -43,10 +46,6 @@ class SequenceShardedAttention(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        from torch.distributed.tensor import DTensor, Shard
-        from torch.distributed.tensor.experimental import implicit_replication
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
         q, k, v, *rest = args
         q, k, v = (
             DTensor.from_local(t, self.mesh, [Shard(SEQUENCE_DIM)], run_check=False)

@@ -363,7 +363,7 @@ def _plan_on_live_cluster(
     )
     report = plan_job(job, cluster, strategy, consider_servers=servers)
     explanation = report.explain()
-    ranked = [report.best.plan, *(c.plan for c in report.result.ranked)]
+    ranked = dict.fromkeys([report.best.plan, *(c.plan for c in report.result.ranked)])
     refusals = []
     for plan in ranked:  # the first the model takes (tp must divide its layers' widths)
         try:
