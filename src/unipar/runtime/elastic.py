@@ -266,11 +266,12 @@ class ElasticController:
                     items = stream.take_ready(is_last=is_stream_end)
                 except PROCESS_LOST as error:
                     stream.done = True
-                    dead.append(stream.member)
-                    if not reason:
-                        reason = f"worker lost on node {stream.member.node_ip}"
-                        began = time.monotonic()
+                    if not dead:  # one loss event per gang, even mid-pause for a resize
                         self._lost(members.index(stream.member), error)
+                        if not reason:
+                            reason = f"worker lost on node {stream.member.node_ip}"
+                            began = time.monotonic()
+                    dead.append(stream.member)
                     continue
                 for item in items:
                     if isinstance(item, StepReport):
