@@ -246,10 +246,25 @@ def heldout_loss(params: dict[str, torch.Tensor], data: ZipfClicks, args) -> flo
         return statistics.fmean(float(ctr_loss(model, data(10_000, c))) for c in range(1, 41))
 
 
+@dataclasses.dataclass(frozen=True)
+class OnDevice:
+    """The CTR loss, then ``seconds`` of simulated accelerator time (the forward and
+    backward passes of a worker with a device of its own: 2 cores cannot run 8 workers'
+    real work side by side). It falls between the pull and the push, as real compute
+    does: a step cannot start it before its parameters are in."""
+
+    seconds: float
+
+    def __call__(self, model: torch.nn.Module, batch: tuple) -> torch.Tensor:
+        loss = ctr_loss(model, batch)
+        time.sleep(self.seconds)
+        return loss
+
+
 def straggler_run(args, spec: ConsistencySpec, slowdown: Slowdown) -> tuple[float, float]:
     """``--straggler-workers`` sharing ``--straggler-steps`` worker-steps each:
     (worker-steps/s, held-out loss)."""
-    data = ZipfClicks(args.straggler_rows, batch=256, fields=FIELDS, delay_s=args.delay)
+    data = ZipfClicks(args.straggler_rows, batch=256, fields=FIELDS)
     factory = functools.partial(CTRModel, args.straggler_rows, args.dim, FIELDS, seed=0)
     config = PSConfig(
         num_servers=2, optimizer=OptimizerSpec(OptimizerKind.ADAGRAD, lr=0.05), consistency=spec
@@ -257,7 +272,7 @@ def straggler_run(args, spec: ConsistencySpec, slowdown: Slowdown) -> tuple[floa
     result = PSRun(
         factory,
         data,
-        ctr_loss,
+        OnDevice(args.compute),
         workers=args.straggler_workers,
         steps=args.straggler_steps,
         config=config,
@@ -310,7 +325,9 @@ def main() -> None:
     parser.add_argument(
         "--rotate-every", type=int, default=2, help="clocks per transient straggler"
     )
-    parser.add_argument("--delay", type=float, default=0.1, help="s to read a batch")
+    parser.add_argument(
+        "--compute", type=float, default=0.1, help="s of simulated device time per step"
+    )
     args = parser.parse_args()
     import ray
 

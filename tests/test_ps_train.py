@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -19,6 +20,9 @@ from unipar.ps.optim import OptimizerKind, OptimizerSpec
 from unipar.ps.partition import RowSharding
 from unipar.ps.train import PSConfig, PSRun, train
 
+ray = pytest.importorskip("ray")
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # GatedCTR, in workers
+
 ROWS, WORKERS, STEPS = 300, 2, 4
 TOL = {"rtol": 1e-4, "atol": 1e-5}  # float32 sums in another order
 
@@ -26,12 +30,24 @@ TOL = {"rtol": 1e-4, "atol": 1e-5}  # float32 sums in another order
 factory = functools.partial(CTRModel, ROWS, dim=4, fields=3, hidden=8, seed=0)
 
 
+class GatedCTR(CTRModel):
+    """A dense layer runs before the table: its tensors must be pulled before the rows."""
+
+    def __init__(self) -> None:
+        super().__init__(ROWS, dim=4, fields=3, hidden=8, seed=0)
+        self.gate = torch.nn.Linear(1, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        gate = torch.sigmoid(self.gate(torch.ones(1, 1)))
+        return self.mlp(self.embedding(ids).flatten(1) * gate).squeeze(-1)
+
+
 DATA = ZipfClicks(ROWS, batch=16, fields=3, distinct=ROWS)
 
 
-def single_process(kind: OptimizerKind, lr: float):
+def single_process(kind: OptimizerKind, lr: float, make=factory):
     """The same steps in one process on the global batch (both workers' batches)."""
-    model = factory()
+    model = make()
     model.embedding.sparse = True
     dense = [p for n, p in model.named_parameters() if not n.startswith("embedding")]
     if kind is OptimizerKind.ADAM:
@@ -55,8 +71,8 @@ def single_process(kind: OptimizerKind, lr: float):
     return losses, {n: p.detach() for n, p in model.named_parameters()}
 
 
-def run(config: PSConfig):
-    return train(factory, DATA, ctr_loss, workers=WORKERS, steps=STEPS, config=config)
+def run(config: PSConfig, make=factory):
+    return train(make, DATA, ctr_loss, workers=WORKERS, steps=STEPS, config=config)
 
 
 @pytest.mark.parametrize(
@@ -76,6 +92,19 @@ def test_synchronous_ps_equals_one_process(ray_cluster, kind, servers, sharding,
     for name, value in want.items():
         torch.testing.assert_close(got.params[name], value, **TOL)
     assert got.bytes_pulled > 0 and got.bytes_pushed > 0
+
+
+def test_dense_layer_before_the_table_reads_this_clocks_values(ray_cluster):
+    """The gate runs before the lookup, so its tensors come in a pull of their own; a
+    stale or missing gate would change every loss after the first."""
+    lr = 0.5
+    want_losses, want = single_process(OptimizerKind.SGD, lr, make=GatedCTR)
+    got = run(PSConfig(2, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=lr)), make=GatedCTR)
+    mean = [sum(ls) / WORKERS for ls in zip(*got.losses, strict=True)]
+    assert mean == pytest.approx(want_losses, rel=1e-5)
+    assert not torch.equal(want["gate.weight"], GatedCTR().gate.weight.detach())  # it learns
+    for name, value in want.items():
+        torch.testing.assert_close(got.params[name], value, **TOL)
 
 
 def test_ssp_zero_equals_bsp(ray_cluster):

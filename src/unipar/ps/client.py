@@ -80,17 +80,30 @@ class Pulled:
 
 
 class PSClient:
+    """Pushes are sent without waiting for the servers; the next pull first waits until
+    they are in (``settle``), so a server always has a worker's clock ``c`` before its
+    pull for ``c + 1``, and the push overlaps whatever the worker does in between."""
+
     def __init__(self, worker: int, parts: Partitioning, servers: list[Any]) -> None:
         self.worker = worker
         self.parts = parts
         self.servers = servers
         self.traffic = Traffic()
+        self._pushes: list[Any] = []  # object refs of pushes not yet known to be in
+
+    def settle(self) -> None:
+        """Wait until every push sent has reached its server."""
+        import ray
+
+        pushes, self._pushes = self._pushes, []
+        ray.get(pushes)
 
     def pull(self, clock: int, ids: dict[str, torch.Tensor], dense: bool = True) -> Pulled:
         """Dense tensors (if ``dense``) and the rows of each table that ``ids`` touch."""
         import ray
 
         began = time.perf_counter()
+        self.settle()
         unique = {t: torch.unique(i) for t, i in ids.items()}
         where = {t: self.parts.locate(t, u) for t, u in unique.items()}
         calls = []
@@ -123,18 +136,15 @@ class PSClient:
         dense: dict[str, torch.Tensor],
         rows: dict[str, tuple[torch.Tensor, torch.Tensor]],
     ) -> None:
-        """Gradients of ``clock``: dense by name; per table (unique global ids, rows)."""
-        import ray
-
+        """Send the gradients of ``clock``: dense by name; per table (unique global ids,
+        rows). Returns at once (see ``settle``)."""
         where = {t: self.parts.locate(t, ids) for t, (ids, _) in rows.items()}
-        calls = []
         for s, server in enumerate(self.servers):
             mine = {name: dense[name] for name in self.parts.dense_on(s) if name in dense}
             sparse = {
                 t: (local[srv == s], rows[t][1][srv == s]) for t, (srv, local) in where.items()
             }
-            calls.append(server.push.remote(self.worker, clock, Push(mine, sparse)))
-        ray.get(calls)
+            self._pushes.append(server.push.remote(self.worker, clock, Push(mine, sparse)))
         pushed = _nbytes(dense.values()) + sum(
             _nbytes([g]) + _nbytes([i]) for i, g in rows.values()
         )

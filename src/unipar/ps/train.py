@@ -5,8 +5,11 @@ servers and one worker actor per data shard; each worker loops pull -> forward/b
 The model is a plain ``nn.Module``; its ``nn.Embedding`` tables live on the servers and
 the worker's copy gets, at each lookup, only the rows the batch touches (a forward
 pre-hook swaps in the pulled rows and renumbers the ids). Dense tensors live on the
-servers too, or (``serve_dense=False``) stay on the workers and are all-reduced with
-gloo, each worker then stepping a local ``torch.optim`` optimizer.
+servers too, pulled at their first use in a clock (with the first table's rows, in the
+same call to each server, when a table comes first), or (``serve_dense=False``) stay on
+the workers and are all-reduced with gloo, each worker then stepping a local
+``torch.optim`` optimizer. Pushes are not waited for: they travel while the worker
+reads its next batch (see :class:`~unipar.ps.client.PSClient`).
 """
 
 from __future__ import annotations
@@ -95,7 +98,15 @@ class PSWorker:
         for table, module in self.tables.items():
             module.register_forward_pre_hook(self._lookup_hook(table))
         self.clock = 0
+        self._dense_fresh = False  # this clock's dense tensors are in the model
+        self._materialized = False  # the model's dense tensors are off the meta device
         self.local_optimizer = None
+        if dense_init is None:  # dense tensors on the servers: pulled with the first use
+            table_modules = set(self.tables.values())
+            for module in self.model.modules():
+                owns = next(module.parameters(recurse=False), None) is not None
+                if owns and module not in table_modules:
+                    module.register_forward_pre_hook(self._dense_hook)
         if dense_init is not None:  # dense tensors stay here, all-reduced
             self.model.load_state_dict(dense_init, strict=False, assign=True)
             dense = [p for n, p in self.model.named_parameters() if n not in self.tables]
@@ -112,9 +123,15 @@ class PSWorker:
         return True
 
     def _lookup_hook(self, table: str) -> Callable:
+        """Swap in the rows ``ids`` touch (and, in the same calls to the servers, the
+        dense tensors if this clock has not pulled them yet)."""
+
         def hook(module: nn.Embedding, args: tuple) -> tuple:
             (ids, *rest) = args
-            pulled = self.client.pull(self.clock, {table: ids.reshape(-1)}, dense=False)
+            wants_dense = self.local_optimizer is None and not self._dense_fresh
+            pulled = self.client.pull(self.clock, {table: ids.reshape(-1)}, dense=wants_dense)
+            if wants_dense:
+                self._load_dense(pulled.dense)
             module.weight = nn.Parameter(pulled.rows[table])
             self._touched[table] = pulled.ids[table]
             local = torch.searchsorted(pulled.ids[table], ids)
@@ -122,18 +139,24 @@ class PSWorker:
 
         return hook
 
-    def _load_dense(self) -> None:
-        pulled = self.client.pull(self.clock, {}, dense=True)
-        if self.clock == 1:
-            self.model.load_state_dict(pulled.dense, strict=False, assign=True)
+    def _dense_hook(self, module: nn.Module, args: tuple) -> None:
+        """A dense layer runs before any table this clock: pull the dense tensors alone."""
+        if not self._dense_fresh:
+            self._load_dense(self.client.pull(self.clock, {}, dense=True).dense)
+
+    def _load_dense(self, dense: dict[str, torch.Tensor]) -> None:
+        if not self._materialized:
+            self.model.load_state_dict(dense, strict=False, assign=True)
             for name, p in self.model.named_parameters():
                 if name not in self.tables:
                     p.requires_grad_(True)
+            self._materialized = True
         else:
             with torch.no_grad():
                 params = dict(self.model.named_parameters())
-                for name, t in pulled.dense.items():
+                for name, t in dense.items():
                     params[name].copy_(t)
+        self._dense_fresh = True
 
     def run(
         self,
@@ -152,11 +175,14 @@ class PSWorker:
             self.clock += 1
             began, pulling = time.perf_counter(), self.client.traffic.pull_s
             self._touched: dict[str, torch.Tensor] = {}
-            if self.local_optimizer is None:
-                self._load_dense()
+            self._dense_fresh = False
             self.model.zero_grad(set_to_none=True)
             loss = loss_fn(self.model, data(self.rank, self.clock))
             loss.backward()
+            factor = slowdown.factor_at(self.rank, self.clock, self.world) if slowdown else 1.0
+            if factor > 1:  # stretch the worker's own work (not its waits in pulls): its
+                waited = self.client.traffic.pull_s - pulling  # gradients come later
+                time.sleep((factor - 1) * (time.perf_counter() - began - waited))
             rows = {t: (self._touched[t], self.tables[t].weight.grad) for t in self._touched}
             dense = {
                 n: p.grad
@@ -169,11 +195,8 @@ class PSWorker:
                 dense = {}
             self.client.push(self.clock, dense, rows)
             losses.append(loss.item())
-            factor = slowdown.factor_at(self.rank, self.clock, self.world) if slowdown else 1.0
-            if factor > 1:  # stretch the worker's own work, not its waits in pulls
-                waited = self.client.traffic.pull_s - pulling
-                time.sleep((factor - 1) * (time.perf_counter() - began - waited))
             step_s.append(time.perf_counter() - began)
+        self.client.settle()
         for server in self.client.servers:
             ray.get(server.leave.remote(self.rank))
         return {
@@ -205,7 +228,8 @@ class PSWorker:
 @dataclass(frozen=True)
 class Slowdown:
     """A straggler, for experiments: the slow worker sleeps ``factor - 1`` times as long
-    again as each of its steps took, its time in pulls (and their waits) left out.
+    again as each step's work up to its backward pass took (its time in pulls, and their
+    waits, left out), before it pushes: its gradients come that much later.
     Persistent (``rotate_every=0``): always ``worker``. Transient (``rotate_every=k``):
     the slow worker changes every ``k`` clocks, worker ``(clock - 1) // k % workers``,
     so at any time exactly one worker is slow."""
