@@ -8,9 +8,10 @@
   row ids); its own link carries ``pull + push`` and each of ``k`` servers carries
   ``n/k`` of every worker's traffic, so ``t = max(worker bytes / bw_worker,
   n * worker bytes / (k * bw_server)) + r * alpha_ps + rows * c_row * max(1, n/k)``:
-  ``r`` round trips of an actor call (dense pull, row pull, push) and a per-row cost
-  ``c_row`` for finding, routing, gathering and scattering each touched row on the
-  worker and applying it on its server (whose share grows with ``n/k``).
+  ``r`` round trips of an actor call (one pull of dense tensors and rows, one push)
+  and a per-row cost ``c_row`` for finding, routing, gathering and scattering each
+  touched row on the worker and applying it on its server (whose share grows with
+  ``n/k``).
 - Staleness: with SSP (s > 0) or ASP the exchange of one step overlaps the next
   step's compute (Ho et al., NIPS 2013), so a step costs ``max(compute, comm)``
   instead of ``compute + comm``.
@@ -24,7 +25,7 @@ from enum import Enum
 from unipar.errors import ConfigError
 
 ROW_ID_BYTES = 8  # int64 ids pushed with each gradient row
-PS_ROUND_TRIPS = 3  # dense pull, row pull, push
+PS_ROUND_TRIPS = 2  # a pull (dense tensors and rows in one call), a push
 
 
 class SyncKind(Enum):
