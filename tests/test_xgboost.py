@@ -48,7 +48,8 @@ def synthetic():
     return x, y
 
 
-def test_same_quality_as_single_process(ray_cluster, cancer):
+@pytest.mark.parametrize("actors", [2, 1])  # one actor trains outside any collective
+def test_same_quality_as_single_process(ray_cluster, cancer, actors):
     x, y = cancer
     result, extra = {}, {}
     data = RayDMatrix(x, y)
@@ -59,16 +60,16 @@ def test_same_quality_as_single_process(ray_cluster, cancer):
         evals=[(data, "train")],
         evals_result=result,
         additional_results=extra,
-        ray_params=RayParams(num_actors=2),
+        ray_params=RayParams(num_actors=actors),
     )
     single = xgb.train(PARAMS, xgb.DMatrix(x, y), 20)
-    ours = predict(booster, RayDMatrix(x), ray_params=RayParams(num_actors=2))
+    ours = predict(booster, RayDMatrix(x), ray_params=RayParams(num_actors=actors))
     reference = single.predict(xgb.DMatrix(x))
     assert booster.num_boosted_rounds() == 20
     assert abs(log_loss(y, ours) - log_loss(y, reference)) <= QUALITY_TOLERANCE
     np.testing.assert_allclose(ours, reference, atol=QUALITY_TOLERANCE)
     assert len(result["train"]["logloss"]) == 20
-    assert extra["total_n"] == len(x) and extra["num_actors"] == 2
+    assert extra["total_n"] == len(x) and extra["num_actors"] == actors
 
 
 class KillOnce(xgb.callback.TrainingCallback):

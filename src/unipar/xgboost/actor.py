@@ -9,6 +9,7 @@ fetches after a failure (all live actors hold the same model)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import traceback
@@ -79,7 +80,7 @@ class XGBoostActor:
 
     def train(
         self,
-        tracker_args: dict[str, Any],
+        tracker_args: dict[str, Any] | None,
         params: dict[str, Any],
         rounds: int,
         *,
@@ -91,8 +92,9 @@ class XGBoostActor:
         report: bool = False,
         report_models: int = 0,
     ) -> dict[str, Any]:
-        """Train ``rounds`` more rounds with the other actors. Returns the collective
-        rank, the model (rank 0 only), the rounds done and the evaluation log; or, if the
+        """Train ``rounds`` more rounds with the other actors (alone, outside any
+        collective, when ``tracker_args`` is None). Returns the collective rank, the
+        model (rank 0 only), the rounds done and the evaluation log; or, if the
         collective broke (a peer died), ``{"error": ...}``."""
         import xgboost as xgb
         from xgboost import collective
@@ -109,7 +111,10 @@ class XGBoostActor:
         for callback in self.callbacks:
             callback.before_train(self)
         try:
-            with collective.CommunicatorContext(**tracker_args):
+            alone = tracker_args is None
+            with contextlib.nullcontext() if alone else collective.CommunicatorContext(
+                **tracker_args
+            ):
                 rank = collective.get_rank()
                 # Inside the collective: a QuantileDMatrix agrees its bins with the peers
                 # as it is built; evaluation matrices take the training matrix's bins.

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("unipar.xgboost")
 # Imported while Ray and the actors start (see background_import); needed from training on.
-_XGBOOST = BackgroundImport("xgboost", "xgboost.tracker")
+_XGBOOST = BackgroundImport("xgboost", "xgboost.tracker", nice=10)
 
 _START_TIMEOUT_S = 300.0  # an actor's constructor (placement already reserved)
 _DRAIN_CHECK_S = 1.0  # how often the driver asks Ray which nodes are draining
@@ -87,9 +87,19 @@ class _Gang:
     def actors(self) -> dict[int, Any]:
         return {shard: member.actor for shard, member in self.members.items()}
 
-    def start(self, shards: list[int]) -> None:
-        """Start an actor for each of ``shards`` and wait for its constructor."""
+    def start(
+        self, shards: list[int], meanwhile: Callable[[list[Any]], None] | None = None
+    ) -> None:
+        """Start an actor for each of ``shards`` and wait for its constructor; while they
+        start, ``meanwhile(actors)`` runs here."""
         actors = [self.spawn(shard) for shard in shards]
+        if meanwhile is not None:
+            try:
+                meanwhile(actors)
+            except BaseException:
+                for actor in actors:
+                    ray.kill(actor, no_restart=True)
+                raise
         for shard, member in zip(shards, describe_all(actors, _START_TIMEOUT_S), strict=True):
             if member is None:
                 raise RayXGBoostTrainingError(
@@ -190,7 +200,14 @@ def _resolve(
     return resolved, planned, current
 
 
-def _start_gang(ray_params: RayParams, planned: ActorResources, current: Any) -> _Gang:
+def _start_gang(
+    ray_params: RayParams,
+    planned: ActorResources,
+    current: Any,
+    meanwhile: Callable[[list[Any]], None] | None = None,
+) -> _Gang:
+    """The gang's actors started (``meanwhile`` runs while they start up; see
+    ``_Gang.start``); on any failure, what was started is stopped."""
     if current is not None:
         gang = _Gang(ray_params, current, owned=False, first_bundle=planned.first_bundle)
     else:
@@ -203,7 +220,11 @@ def _start_gang(ray_params: RayParams, planned: ActorResources, current: Any) ->
             bundle, ray_params.num_actors, "actor", strategy=planned.strategy
         )
         gang = _Gang(ray_params, placement, owned=True)
-    gang.start(list(range(ray_params.num_actors)))
+    try:
+        gang.start(list(range(ray_params.num_actors)), meanwhile)
+    except BaseException:
+        gang.stop()
+        raise
     return gang
 
 
@@ -366,7 +387,13 @@ def _train(
     n = rp.num_actors
     say = _say(rp)
     _split_datasets([dtrain, *[m for m, _ in evals]], n)
-    gang = _start_gang(rp, *placement)
+    split: dict[str, Any] = {}
+
+    def shard_data(actors: list[Any]) -> None:  # in-memory data goes to the object
+        split["train"] = dtrain.shards(n, actors)  # store while the actors start
+        split["evals"] = [(m, name, m.shards(n, actors)) for m, name in evals]
+
+    gang = _start_gang(rp, *placement, meanwhile=shard_data)
     say(
         "[RayXGBoost] Created %d new actors (%d total actors). Waiting until actors are "
         "ready for training.",
@@ -375,9 +402,7 @@ def _train(
     )
     queue = _Queue([[] for _ in range(n)])
     try:
-        by_shard = [gang.actors[i] for i in range(n)]
-        shards = dtrain.shards(n, by_shard)
-        eval_shards = [(m, name, m.shards(n, by_shard)) for m, name in evals]
+        shards, eval_shards = split["train"], split["evals"]
 
         def load_refs(index: int, actor: Any) -> list[Any]:
             refs = [actor.load.remote("train", dtrain, shards[index])]
@@ -400,19 +425,15 @@ def _train(
         relay = _TuneRelay(reporters, target) if reporters else None
         history: dict[str, Any] = {}
         failures = restarts = lost = 0
-        xgb = _XGBOOST.result()
         training_started = time.perf_counter()
         say("[RayXGBoost] Starting XGBoost training.")
         while True:
             live = dict(gang.actors)
-            tracker = xgb.tracker.RabitTracker(
-                n_workers=len(live), host_ip=ray.util.get_node_ip_address()
-            )
-            tracker.start()
+            tracker = _collective_tracker(len(live))
             done_rounds = start[0] if start else 0
             refs = {
                 i: actor.train.remote(
-                    tracker.worker_args(),
+                    tracker.worker_args() if tracker is not None else None,
                     params,
                     target - done_rounds,
                     evals=[name for _, name in evals],
@@ -431,8 +452,9 @@ def _train(
             if leaving:  # they stopped after a round; their node goes away
                 Supervisor.kill([gang.members.pop(index) for index in leaving])
             try:
-                tracker.free()
-            except xgb.core.XGBoostError:
+                if tracker is not None:
+                    tracker.free()
+            except _XGBOOST.result().core.XGBoostError:
                 if not dead:  # the tracker only fails on its own when a worker vanished
                     raise
             if not dead and any("error" in r for r in results.values()):
@@ -526,6 +548,19 @@ class _TuneRelay:
         for reporter in self.reporters:
             reporter.report(rounds, values, model if wants_model else None)
         self.reported = rounds
+
+
+def _collective_tracker(actors: int) -> Any:
+    """A started tracker of xgboost's collective for ``actors`` peers; None for one
+    actor, which trains alone (no communicator: about 2% of a 1M-row run saved, and the
+    driver needs xgboost only for the returned booster)."""
+    if actors == 1:
+        return None
+    tracker = _XGBOOST.result().tracker.RabitTracker(
+        n_workers=actors, host_ip=ray.util.get_node_ip_address()
+    )
+    tracker.start()
+    return tracker
 
 
 def _drain(actors: dict[int, Any], queue: _Queue, relay: _TuneRelay | None) -> None:
@@ -648,11 +683,10 @@ def predict(
     attach_or_start_ray()
     rp, planned, current = _resolve(ray_params, {})
     _split_datasets([data], rp.num_actors)
-    gang = _start_gang(rp, planned, current)
+    shards: list[Any] = []  # filled while the actors start
+    gang = _start_gang(rp, planned, current, lambda a: shards.extend(data.shards(len(a), a)))
     try:
         raw = bytes(model.save_raw("ubj"))
-        n = rp.num_actors
-        shards = data.shards(n, [gang.actors[i] for i in range(n)])
         outputs = ray.get(
             [actor.predict.remote(data, shards[i], raw, kwargs) for i, actor in gang.actors.items()]
         )
