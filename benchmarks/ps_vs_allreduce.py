@@ -168,12 +168,13 @@ class PSPoint:
     workload: SparseWorkload
 
 
-def measure_ps(args, fraction: float) -> PSPoint:
-    """2 workers, 2 servers, BSP, SGD: median step time after warm-up; the compute of
-    one worker's forward/backward alone (tables as the pulled rows) goes to the model."""
+def measure_ps(args, fraction: float, timed_steps: int | None = None) -> PSPoint:
+    """2 workers, 2 servers, BSP, SGD: median step time over ``timed_steps`` (default
+    ``--steps``) after warm-up; the compute of one worker's forward/backward alone
+    (tables as the pulled rows) goes to the model."""
     touched = max(int(fraction * args.rows), FIELDS)
     data = UniformClicks(args.rows, touched)
-    steps = args.warmup + args.steps
+    steps = args.warmup + (timed_steps or args.steps)
     factory = functools.partial(CTRModel, args.rows, args.dim, FIELDS, seed=0)
     config = PSConfig(num_servers=2, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.05))
     ps = PSRun(factory, data, ctr_loss, workers=2, steps=steps, config=config).result()
@@ -204,8 +205,12 @@ def calibrate_rows(args, links: Links) -> Links:
     """The per-row cost of the PS path, end to end: PS runs at the two touched shares of
     ``--calibrate-at`` (not sweep points); the growth of the measured step time beyond
     what the model prices without rows (compute, bytes over the measured link, round
-    trips), per extra touched row. The slope leaves out what does not grow with rows."""
-    low, high = (measure_ps(args, float(f)) for f in args.calibrate_at.split(","))
+    trips), per extra touched row. The slope leaves out what does not grow with rows.
+    Each end is a median over ``--calibrate-steps`` steps: the slope of two short runs
+    on a shared machine carries their noise into every prediction."""
+    low, high = (
+        measure_ps(args, float(f), args.calibrate_steps) for f in args.calibrate_at.split(",")
+    )
     measured = high.step_s - low.step_s
     priced = price_ps(high.workload, links).step_s - price_ps(low.workload, links).step_s
     rows = (high.workload.touched_fraction - low.workload.touched_fraction) * args.rows
@@ -317,6 +322,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument(
         "--calibrate-at", default="0.005,0.05", help="two touched shares timed for the row cost"
+    )
+    parser.add_argument(
+        "--calibrate-steps", type=int, default=8, help="steps timed at each calibration share"
     )
     parser.add_argument("--straggler-rows", type=int, default=100_000)
     parser.add_argument("--straggler-steps", type=int, default=40)
