@@ -5,15 +5,11 @@ package imports its scikit-learn API, and scikit-learn imports SciPy); the drive
 needs xgboost once its actors hold their data (the collective's tracker, the keyword
 check, the returned ``Booster``). Importing it meanwhile hides that time behind Ray's
 own start, the actors' start and their data loading, which run in other processes.
-The driver's import runs at a lower priority (``nice``): on a machine whose cores the
-training actor fills, it takes their idle cycles instead of the actor's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import os
 import sys
 import threading
 from types import ModuleType
@@ -21,14 +17,10 @@ from types import ModuleType
 
 class BackgroundImport:
     """``start()`` imports ``names`` on a daemon thread; ``result()`` waits for it and
-    returns the first module (an import error is raised there, in the caller).
+    returns the first module (an import error is raised there, in the caller)."""
 
-    ``nice``: the thread's own scheduling niceness (Linux sets it per thread): a busy
-    actor on the same cores runs first, the import takes the cycles they leave."""
-
-    def __init__(self, *names: str, nice: int = 0) -> None:
+    def __init__(self, *names: str) -> None:
         self.names = names
-        self.nice = nice
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -38,9 +30,6 @@ class BackgroundImport:
             self._thread.start()
 
     def _run(self) -> None:
-        if self.nice:  # not on Linux: the thread runs at the process's priority
-            with contextlib.suppress(AttributeError, OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
         try:
             for name in self.names:
                 importlib.import_module(name)

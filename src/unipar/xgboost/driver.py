@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("unipar.xgboost")
 # Imported while Ray and the actors start (see background_import); needed from training on.
-_XGBOOST = BackgroundImport("xgboost", "xgboost.tracker", nice=10)
+_XGBOOST = BackgroundImport("xgboost", "xgboost.tracker")
 
 _START_TIMEOUT_S = 300.0  # an actor's constructor (placement already reserved)
 _DRAIN_CHECK_S = 1.0  # how often the driver asks Ray which nodes are draining
