@@ -160,7 +160,8 @@ class ElasticController:
         members: list[Member] = []
         try:
             wanted = max(config.least_workers, min(self._most(), self.supervisor.room()))
-            members = self.supervisor.start(wanted, config.placement_timeout_s)
+            members = self.supervisor.start(wanted, config.placement_timeout_s,
+                                            most=self._most)
             members = self._at_least_min(members)
             source = _Source(step=0, resume_from=self.resume_from)
             while True:
