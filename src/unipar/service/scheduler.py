@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from unipar.errors import ConfigError
 from unipar.runtime.gang import PROCESS_LOST
 from unipar.sched.policies import PolicyName, make_policy
-from unipar.service.decide import targets, useful_workers
+from unipar.service.decide import ResizeCost, targets, useful_workers
 from unipar.service.state import JobRow, JobState, Store
 
 NAMESPACE = "unipar"
@@ -43,6 +43,7 @@ class Scheduler:
         self.interval_s = interval_s
         self.runners: dict[int, Any] = {}
         self._polled: dict[int, float] = {}  # when each job's runner last answered
+        self._costs: dict[int, tuple[list[float], list[float]]] = {}  # resize costs per job
         self.requested = 0  # workers asked of Ray's autoscaler (0: none)
         self._lock = threading.RLock()  # the store and the runners, held briefly
         self._rounds = threading.Lock()  # one round at a time
@@ -151,16 +152,22 @@ class Scheduler:
             if row.id in statuses:
                 self._apply(row, statuses[row.id])
         rows = self.store.rows(JobState.QUEUED, JobState.RUNNING)
-        decided = targets(self.policy, rows, slots, now, self.interval_s)
+        decided = targets(self.policy, rows, slots, now, self.interval_s, self.resize_cost())
         self._autoscale(useful_workers(rows, now, sum(r.most for r in rows)), slots)
         for row in rows:
             count = decided.get(row.id, 0)
             if row.state is JobState.QUEUED and count > 0:
                 self._start(row, count)
             elif row.state is JobState.RUNNING and count != row.target and count > 0:
-                self.runners[row.id].set_target.remote(count)
+                self.runners[row.id].set_target.remote(count, now)
                 self.store.update(row.id, target=count)
                 self.store.event(row.id, f"size {row.target} -> {count}")
+
+    def resize_cost(self) -> ResizeCost:
+        """What a grow costs on this cluster, from the resizes the runners measured."""
+        latencies = [x for grows, _ in self._costs.values() for x in grows]
+        pauses = [x for _, pauses in self._costs.values() for x in pauses]
+        return ResizeCost.measured(latencies, pauses)
 
     def _autoscale(self, useful: int, slots: int) -> None:
         """Ask Ray's autoscaler for room for the useful workers when the cluster lacks
@@ -207,6 +214,7 @@ class Scheduler:
         now = time.time()
         last = self._polled.get(row.id, now - self.interval_s)
         self._polled[row.id] = now
+        self._costs[row.id] = (status.grow_latency_s, status.pause_s)
         for text in status.resizes[row.restarts:]:
             self.store.event(row.id, f"resize {text}")
         self.store.update(
@@ -231,9 +239,9 @@ class Scheduler:
             ray.remote(JobRunner)
             .options(name=row.runner, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
                      max_concurrency=4, scheduling_strategy=here())
-            .remote(row.id, job, options, row.run_dir, str(log))
+            .remote(row.id, job, options, row.run_dir, str(log), count, time.time())
         )
-        runner.start.remote((sizes[0], sizes[-1]), count)
+        runner.start.remote((sizes[0], sizes[-1]))
         self.runners[row.id] = runner
         self.store.update(row.id, state=JobState.RUNNING, started=time.time(), target=count)
         self.store.event(row.id, f"started on {count} workers")
