@@ -67,6 +67,7 @@ from unipar.runtime.worker_group import WorkerInfo
 _CLUSTER_CHECK_S = 1.0  # how often the cluster is asked for free room and draining nodes
 _SURVIVOR_GRACE_S = 30.0  # survivors still not done this long after a loss are given up
 _GRACE_S = 3.0  # after a failed step, how long to wait for Ray to report a lost peer
+_STOPPING_POLL_S = 0.02  # how often the streams are read while the gang pauses to resize
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,6 @@ class ElasticController:
 
     def _follow(self, streams: list[Stream], members: list[Member]) -> _End:
         config = self.config
-        interval = config.poll_interval_s
         dead: list[Member] = []
         leaving: list[Member] = []
         joiners: list[Member] = []
@@ -260,6 +260,8 @@ class ElasticController:
         interrupted_at: float | None = None
         next_check = time.monotonic() + _CLUSTER_CHECK_S
         while running := [s for s in streams if not s.done]:
+            # once a stop is asked, the gang pauses within a step or two: watch closely
+            interval = _STOPPING_POLL_S if stop_requested else config.poll_interval_s
             ray.wait([s.handle for s in running], num_returns=1, timeout=interval)
             reports: list[StepReport] = []
             for stream in running:

@@ -89,7 +89,10 @@ class GoodputPolicy(Policy):
             cost = -np.where(speedup > 0, speedup**self.p, -np.inf)
         if self.remaining_power:
             remaining = np.array([j.remaining_progress for j in jobs]) / base[:, 0]
-            cost = cost * (np.maximum(remaining, 60.0) / 3600.0)[:, None] ** -self.remaining_power
+            # below one round, remaining times are not told apart (60 s in the simulator;
+            # the live service's rounds are seconds apart, its jobs as short)
+            floor = max(state.interval, 1e-3)
+            cost = cost * (np.maximum(remaining, floor) / 3600.0)[:, None] ** -self.remaining_power
         cost = np.concatenate([np.full((len(jobs), 1), np.inf), cost], axis=1)
         counts = greedy(cost, start, gpus - int(start.sum()))
         trimmed = self._quota(state, jobs, counts)
