@@ -164,6 +164,9 @@ class ElasticController:
             members = self.supervisor.start(wanted, config.placement_timeout_s,
                                             most=self._most)
             members = self._at_least_min(members)
+            keep = self._usable(min(len(members), self._most()))  # the target may have fallen
+            self.supervisor.kill(members[keep:])
+            members = members[:keep]
             source = _Source(step=0, resume_from=self.resume_from)
             while True:
                 end = self._formation(members, source)
@@ -319,14 +322,24 @@ class ElasticController:
         return _End(streams, dead, leaving, joiners, reason, began)
 
     def _grow(self, size: int, joiners: list[Member]) -> str:
-        """Start workers in the background while there is room; once they are up,
-        the reason to re-form with them (else "")."""
-        room_left = self._most() - size - len(joiners) - len(self.supervisor.pending)
+        """Start workers in the background while there is room; once they are up and
+        make a size the plan takes, the reason to re-form with them (else ""). Joiners
+        past a size target lowered meanwhile are stopped (a re-formation for them would
+        only pause the gang)."""
+        most = self._most()
+        extra = size + len(joiners) + len(self.supervisor.pending) - most
+        if extra > 0:
+            self.supervisor.cancel_pending()
+            extra = size + len(joiners) - most
+            if extra > 0:
+                self.supervisor.kill(joiners[-extra:])
+                del joiners[-extra:]
+        room_left = most - size - len(joiners) - len(self.supervisor.pending)
         if room_left > 0 and not self.supervisor.pending:
             free = self.supervisor.room()
             if free > 0:
                 self.supervisor.start_in_background(min(free, room_left))
-        if joiners and not self.supervisor.pending:
+        if joiners and not self.supervisor.pending and self._usable(size + len(joiners)) > size:
             return "resources free"
         return ""
 
