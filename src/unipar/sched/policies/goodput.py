@@ -8,7 +8,8 @@ of the speedups (Pollux eq. 12: p = −1), i.e. to minimise Σ_j w_j·speedup_j(
 p < 0, with weights w_j = 1 unless ``remaining_power`` weights jobs by their predicted
 remaining time (declared length over fitted goodput) to favour the shorter. A job may use at
 most ``explore`` times the most GPUs it (or, with ``share_models``, any job of its
-application) has run on (Pollux §4.1: its model is untested beyond that).
+application) has run on (Pollux §4.1: its model is untested beyond that), and always as
+many as it holds.
 
 The search is the greedy of ``greedy.py`` (exact for concave speedups, milliseconds for
 hundreds of jobs) rather than Pollux's genetic algorithm. Restarts: Pollux's reallocation
@@ -65,8 +66,11 @@ class GoodputPolicy(Policy):
         jobs = self._admit(list(state.jobs), gpus)
         if not jobs:
             return {}
+        # never below what a job holds: one given workers before it reported (a live
+        # service hands idle workers out) is not shrunk for want of reports
         cap = np.array(
-            [min(gpus, max(1, int(self.explore * self._seen(j)))) for j in jobs]
+            [min(gpus, max(1, int(self.explore * self._seen(j)),
+                           j.allocation.replicas if j.allocation else 0)) for j in jobs]
         )
         fair = max(1, gpus // len(state.jobs)) if self.fair_share_base else 1
         deadlines = any(j.deadline is not None for j in jobs)
