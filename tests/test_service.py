@@ -32,6 +32,7 @@ from unipar.service import client
 from unipar.service.decide import (
     ResizeCost,
     grow_pays,
+    step_time,
     targets,
     useful_workers,
     worker_sizes,
@@ -105,6 +106,9 @@ def test_a_running_job_grows_only_when_the_resize_pays():
     assert not grow_pays(replace(few, step=990), 4, cost)
     assert not grow_pays(few, 4, ResizeCost(latency=4.0, pause=4.0))  # 3 s saved < 4 s
     assert grow_pays(_row(3, JobState.RUNNING, target=1), 2, cost)  # no speeds yet: try
+    once = _row(4, JobState.RUNNING, target=1, step_times={1: (10, 1.0)})
+    assert step_time(once, 2) == pytest.approx(0.05)  # one size seen: scaled perfectly
+    assert step_time(few, 1) == pytest.approx(0.2)  # two seen: the fitted line T = a + b·M/k
     ours = make_policy(PolicyName.UNIPAR)
     near_end = replace(few, step=990, max_seen=4)
     assert targets(ours, [near_end], 4, 10.0, 1.0, cost) == {2: 2}  # the rest idles

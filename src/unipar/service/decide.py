@@ -38,8 +38,8 @@ class ResizeCost:
     ``pause`` seconds the gang trains no step while it re-forms (the restart seconds δ
     of Pollux §4.1)."""
 
-    latency: float = 6.0
-    pause: float = 2.0
+    latency: float = 5.0  # a worker process's start (imports, dataset): 4-6 s measured here
+    pause: float = 1.0  # stop at a step boundary, re-plan, re-form: 0.5-1.2 s measured here
 
     def __post_init__(self) -> None:
         for name in ("latency", "pause"):
@@ -130,10 +130,15 @@ def job_view(row: JobRow, now: float, peers: Sequence[JobRow]) -> JobView:
 
 def step_time(row: JobRow, workers: int) -> float | None:
     """Seconds per step of ``row`` on ``workers``: the mean it reported there, else its
-    fitted model's prediction (``None`` before it reported any)."""
-    n, seconds = (row.step_times or {}).get(workers, (0, 0.0))
-    if n > 0:
-        return seconds / n
+    fitted model's prediction, or, seen at one size only, that size's time scaled
+    perfectly (optimistic, as Pollux explores, §4.1: one try measures it); ``None``
+    before it reported any."""
+    seen = {k: sec / n for k, (n, sec) in (row.step_times or {}).items() if n > 0}
+    if workers in seen:
+        return seen[workers]
+    if len(seen) == 1:
+        (k, t), = seen.items()
+        return t * k / workers
     model = _model([row])
     if model is None:
         return None
@@ -173,10 +178,11 @@ def targets(
 ) -> dict[int, int]:
     """Workers for each queued or running job (0: stays queued) on ``slots`` workers.
 
-    A running job grows only when that finishes it sooner (:func:`grow_pays`, with the
-    measured ``cost``); workers left over go to running jobs, the one with the least time
-    left first (shortest remaining time first: the order that minimises mean completion
-    time, Schrage 1968), each only where growing pays."""
+    The policy's counts start queued jobs and shrink running ones; running jobs grow
+    only out of the workers left over, the one with the least time left first (shortest
+    remaining time first: the order that minimises mean completion time, Schrage 1968),
+    each only where growing finishes it sooner (:func:`grow_pays`, with the measured
+    ``cost``)."""
     live = [r for r in rows if not r.state.ended]
     if not live or slots < 1:
         return {r.id: r.target for r in live}
@@ -193,8 +199,7 @@ def targets(
         count = _down_to(sizes, wanted.get(r.id, 0))
         if r.target > 0:  # a running job keeps at least its least size
             count = max(count, sizes[0] if sizes else r.target)
-            if count > r.target and not grow_pays(r, count, cost):
-                count = r.target
+            count = min(count, r.target)  # grows: below, shortest remaining first
         if count > free:
             count = _down_to(sizes, free) if r.target > 0 else 0
         out[r.id] = count
