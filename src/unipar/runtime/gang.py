@@ -131,10 +131,10 @@ class Supervisor:
         members: list[Member] = []
         until = time.monotonic() + timeout_s
         while pending:
-            excess = len(members) + len(pending) - most()
-            for actor, _ in pending[len(pending) - max(0, excess):]:
+            keep = max(0, most() - len(members))  # pending ones still wanted
+            for actor, _ in pending[keep:]:
                 ray.kill(actor, no_restart=True)
-            pending = pending[: len(pending) - max(0, excess)]
+            pending = pending[:keep]
             left = until - time.monotonic()
             if left <= 0:
                 for actor, _ in pending:
