@@ -8,9 +8,10 @@ at each size; gradient statistics are not reported yet, so every batch counts fu
 (``grad_sqr=1, grad_var=0``: efficiency 1) and the runtime keeps each job's global batch
 (the policy's batch choice is not applied). The policy's counts are then fitted to what a
 job can run on: a size its plan takes (``sizes``), at least its minimum for a running job,
-and, for a job that runs, any workers the policy left idle, in queue order, up to its
-maximum (work-conserving: the goodput policy explores at most twice the size a job has
-been seen at, Pollux §4.1).
+at most its present size for a running job (grows come next), and the workers left idle
+handed out shortest remaining time first, to a job starting up to its maximum, to a
+running one only where growing pays for its measured cost (:func:`targets`; the goodput
+policy alone explores at most twice the size a job has been seen at, Pollux §4.1).
 """
 
 from __future__ import annotations
