@@ -65,6 +65,7 @@ from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
 from unipar.runtime.worker_group import WorkerInfo
 
 _CLUSTER_CHECK_S = 1.0  # how often the cluster is asked for free room and draining nodes
+# (and at every poll while the size target has moved or joiners start up)
 _SURVIVOR_GRACE_S = 30.0  # survivors still not done this long after a loss are given up
 _GRACE_S = 3.0  # after a failed step, how long to wait for Ray to report a lost peer
 _STOPPING_POLL_S = 0.02  # how often the streams are read while the gang pauses to resize
@@ -262,6 +263,7 @@ class ElasticController:
         stop_requested = False
         interrupted_at: float | None = None
         next_check = time.monotonic() + _CLUSTER_CHECK_S
+        most = self._most()  # a change of the size target is acted on at once
         while running := [s for s in streams if not s.done]:
             # once a stop is asked, the gang pauses within a step or two: watch closely
             interval = _STOPPING_POLL_S if stop_requested else config.poll_interval_s
@@ -301,8 +303,10 @@ class ElasticController:
                 dead += stuck
                 for stream in streams:
                     stream.done = True
-            if not dead and not stop_requested and now >= next_check:
-                next_check = now + _CLUSTER_CHECK_S
+            # a moved size target, or joiners starting up, are looked at every poll
+            moved = self._most() != most or bool(self.supervisor.pending)
+            if not dead and not stop_requested and (now >= next_check or moved):
+                next_check, most = now + _CLUSTER_CHECK_S, self._most()
                 leaving = on_draining_nodes(members)
                 excess = len(members) - self._most()
                 if leaving:
