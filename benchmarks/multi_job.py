@@ -6,7 +6,8 @@ milliseconds of data loading, so a job scales with its workers) arrive a few sec
 apart. (a) ``unipar up --policy fifo`` with each job's ``workers`` fixed at its
 requested size: a job waits until its size is free. (b) ``unipar up --policy unipar``
 with ``workers=1:4``: the scheduler shares the workers and resizes running jobs.
-Job completion time (JCT) is from submission to the end; makespan from the first
+Job completion time (JCT) is from submission to the end (printed per job as time queued,
+start-up until its first step began, and training to the end); makespan from the first
 submission to the last end. Both runs use one local Ray instance, one after the other.
 Last line: ``RESULT avg_jct_ratio=<b/a> makespan_ratio=<b/a>``.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from unipar.job import Job, OptimizerSpec
 from unipar.models.mlp import MLP, MLPConfig
 from unipar.ray_session import start_ray
+from unipar.runtime.metrics import read_metrics
 from unipar.service import client
 from unipar.testing import RandomRegression, mse_loss
 
@@ -63,8 +65,11 @@ def run(policy: str, fixed: bool, state: Path, delay: float, scale: float) -> tu
     jct = [r.ended - r.submitted for r in rows]
     makespan = max(r.ended for r in rows) - min(r.submitted for r in rows)
     for r, t in zip(rows, jct, strict=True):
-        print(f"  {policy:7s} {r.name:8s} {r.state.value:5s} JCT {t:6.1f} s "
-              f"resizes {r.restarts}", flush=True)
+        steps = read_metrics(Path(r.run_dir) / "metrics.jsonl")
+        first = steps[0]["finished_at"] - steps[0]["step_time_s"] if steps else r.ended
+        print(f"  {policy:7s} {r.name:8s} {r.state.value:5s} JCT {t:6.1f} s = queued "
+              f"{r.started - r.submitted:5.1f} + start-up {first - r.started:5.1f} + training "
+              f"{r.ended - first:5.1f}; resizes {r.restarts}", flush=True)
     return statistics.mean(jct), makespan
 
 

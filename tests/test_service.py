@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,14 @@ from unipar.models.mlp import MLP, MLPConfig
 from unipar.runtime.metrics import read_metrics
 from unipar.sched.policies import PolicyName, make_policy
 from unipar.service import client
-from unipar.service.decide import targets, useful_workers, worker_sizes
+from unipar.service.decide import (
+    ResizeCost,
+    grow_pays,
+    step_time,
+    targets,
+    useful_workers,
+    worker_sizes,
+)
 from unipar.service.state import JobRow, JobState, Store
 from unipar.testing import RandomRegression, mse_loss
 
@@ -84,6 +92,44 @@ def test_rounds_share_and_give_back():
     # a size the job's batch cannot split over is never handed out
     assert set(targets(ours, [_row(3, JobState.QUEUED, sizes=(1, 2, 4))], 3, 0, 1).values()) \
         == {2}
+
+
+def test_a_running_job_grows_only_when_the_resize_pays():
+    """Growing costs the measured latency (the gang trains on at its size meanwhile) and a
+    pause: a job that has little left, or would gain too little, keeps its size."""
+    cost = ResizeCost(latency=4.0, pause=2.0)
+    times = {2: (20, 2.0), 4: (20, 1.0)}  # 0.1 s per step on 2 workers, 0.05 on 4
+    many = _row(1, JobState.RUNNING, steps=1000, step=100, target=2, step_times=times)
+    few = _row(2, JobState.RUNNING, steps=1000, step=900, target=2, step_times=times)
+    # (900 - 40) steps x 0.05 s saved > 2 s; (100 - 40) x 0.05 = 3 s > 2 s; 10 left: no
+    assert grow_pays(many, 4, cost) and grow_pays(few, 4, cost)
+    assert not grow_pays(replace(few, step=990), 4, cost)
+    assert not grow_pays(few, 4, ResizeCost(latency=4.0, pause=4.0))  # 3 s saved < 4 s
+    assert grow_pays(_row(3, JobState.RUNNING, target=1), 2, cost)  # no speeds yet: try
+    once = _row(4, JobState.RUNNING, target=1, step_times={1: (10, 1.0)})
+    assert step_time(once, 2) == pytest.approx(0.05)  # one size seen: scaled perfectly
+    assert step_time(few, 1) == pytest.approx(0.2)  # two seen: the fitted line T = a + b·M/k
+    ours = make_policy(PolicyName.UNIPAR)
+    near_end = replace(few, step=990, max_seen=4)
+    assert targets(ours, [near_end], 4, 10.0, 1.0, cost) == {2: 2}  # the rest idles
+    assert targets(ours, [replace(many, max_seen=4)], 4, 10.0, 1.0, cost) == {1: 4}
+
+
+def test_left_over_workers_go_to_the_job_with_the_least_time_left():
+    times = {1: (20, 2.0), 2: (20, 1.0)}
+    old = _row(1, JobState.RUNNING, steps=1000, step=0, target=1, max_seen=1,
+               step_times=times)
+    young = _row(2, JobState.RUNNING, steps=300, step=0, target=1, max_seen=1,
+                 step_times=times, submitted=5.0)
+    out = targets(make_policy(PolicyName.UNIPAR), [old, young], 3, 10.0, 1.0)
+    assert out == {1: 1, 2: 2}  # the later but shorter job takes the third worker
+
+
+def test_resize_cost_is_the_median_measured():
+    assert ResizeCost.measured([], []) == ResizeCost()
+    assert ResizeCost.measured([3.0, 9.0, 5.0], [1.0]) == ResizeCost(latency=5.0, pause=1.0)
+    with pytest.raises(ConfigError, match=r"ResizeCost.pause must be >= 0.*-1"):
+        ResizeCost(pause=-1.0)
 
 
 def test_autoscaler_request_counts_the_workers_that_pay_off():
@@ -174,7 +220,8 @@ def _by_id(job_id: int) -> JobRow:
 def shared_run(ray_cluster, tmp_path_factory):  # type: ignore[no-untyped-def]
     state = tmp_path_factory.mktemp("service")
     client.up(state_dir=state, interval_s=0.5, policy=PolicyName.UNIPAR)
-    jobs = {"a": mlp_job("job-a", 240, seed=0), "b": mlp_job("job-b", 320, seed=1)}
+    # B's samples are slow enough that, once A ends, growing it pays for the resize
+    jobs = {"a": mlp_job("job-a", 240, seed=0), "b": mlp_job("job-b", 320, seed=1, delay=0.02)}
     a = client.submit(jobs["a"], workers=(1, 4), checkpoint_every=10_000)
     _wait(lambda: (r := _by_id(a.id)).workers == 4 and r.step >= 10)
     b = client.submit(jobs["b"], workers=(1, 4), checkpoint_every=10_000)

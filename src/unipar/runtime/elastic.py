@@ -65,8 +65,10 @@ from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
 from unipar.runtime.worker_group import WorkerInfo
 
 _CLUSTER_CHECK_S = 1.0  # how often the cluster is asked for free room and draining nodes
+# (and at every poll while the size target has moved or joiners start up)
 _SURVIVOR_GRACE_S = 30.0  # survivors still not done this long after a loss are given up
 _GRACE_S = 3.0  # after a failed step, how long to wait for Ray to report a lost peer
+_STOPPING_POLL_S = 0.02  # how often the streams are read while the gang pauses to resize
 
 
 @dataclass(frozen=True)
@@ -160,8 +162,12 @@ class ElasticController:
         members: list[Member] = []
         try:
             wanted = max(config.least_workers, min(self._most(), self.supervisor.room()))
-            members = self.supervisor.start(wanted, config.placement_timeout_s)
+            members = self.supervisor.start(wanted, config.placement_timeout_s,
+                                            most=self._most)
             members = self._at_least_min(members)
+            keep = self._usable(min(len(members), self._most()))  # the target may have fallen
+            self.supervisor.kill(members[keep:])
+            members = members[:keep]
             source = _Source(step=0, resume_from=self.resume_from)
             while True:
                 end = self._formation(members, source)
@@ -250,7 +256,6 @@ class ElasticController:
 
     def _follow(self, streams: list[Stream], members: list[Member]) -> _End:
         config = self.config
-        interval = config.poll_interval_s
         dead: list[Member] = []
         leaving: list[Member] = []
         joiners: list[Member] = []
@@ -258,7 +263,10 @@ class ElasticController:
         stop_requested = False
         interrupted_at: float | None = None
         next_check = time.monotonic() + _CLUSTER_CHECK_S
+        most = self._most()  # a change of the size target is acted on at once
         while running := [s for s in streams if not s.done]:
+            # once a stop is asked, the gang pauses within a step or two: watch closely
+            interval = _STOPPING_POLL_S if stop_requested else config.poll_interval_s
             ray.wait([s.handle for s in running], num_returns=1, timeout=interval)
             reports: list[StepReport] = []
             for stream in running:
@@ -295,8 +303,10 @@ class ElasticController:
                 dead += stuck
                 for stream in streams:
                     stream.done = True
-            if not dead and not stop_requested and now >= next_check:
-                next_check = now + _CLUSTER_CHECK_S
+            # a moved size target, or joiners starting up, are looked at every poll
+            moved = self._most() != most or bool(self.supervisor.pending)
+            if not dead and not stop_requested and (now >= next_check or moved):
+                next_check, most = now + _CLUSTER_CHECK_S, self._most()
                 leaving = on_draining_nodes(members)
                 excess = len(members) - self._most()
                 if leaving:
@@ -316,14 +326,24 @@ class ElasticController:
         return _End(streams, dead, leaving, joiners, reason, began)
 
     def _grow(self, size: int, joiners: list[Member]) -> str:
-        """Start workers in the background while there is room; once they are up,
-        the reason to re-form with them (else "")."""
-        room_left = self._most() - size - len(joiners) - len(self.supervisor.pending)
+        """Start workers in the background while there is room; once they are up and
+        make a size the plan takes, the reason to re-form with them (else ""). Joiners
+        past a size target lowered meanwhile are stopped (a re-formation for them would
+        only pause the gang)."""
+        most = self._most()
+        extra = size + len(joiners) + len(self.supervisor.pending) - most
+        if extra > 0:
+            self.supervisor.cancel_pending()
+            extra = size + len(joiners) - most
+            if extra > 0:
+                self.supervisor.kill(joiners[-extra:])
+                del joiners[-extra:]
+        room_left = most - size - len(joiners) - len(self.supervisor.pending)
         if room_left > 0 and not self.supervisor.pending:
             free = self.supervisor.room()
             if free > 0:
                 self.supervisor.start_in_background(min(free, room_left))
-        if joiners and not self.supervisor.pending:
+        if joiners and not self.supervisor.pending and self._usable(size + len(joiners)) > size:
             return "resources free"
         return ""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from unipar import validate
-from unipar.errors import ConfigError, UnsupportedPlanError
+from unipar.errors import ConfigError, UniparError, UnsupportedPlanError
 from unipar.job import Job
 from unipar.plan import GradSync, Plan, Strategy
 from unipar.plan.for_job import serves_embeddings
@@ -250,10 +250,17 @@ class _ElasticPlans:
         self.job, self.config, self.plan = job, config, plan
         self.explanation: str | None = None
         self._plans: dict[int, Plan] = {}
+        self._refused: dict[int, UniparError] = {}  # sizes with no plan, asked once
 
     def __call__(self, workers: int) -> Plan:
+        if workers in self._refused:
+            raise self._refused[workers].with_traceback(None)
         if workers not in self._plans:
-            self._plans[workers] = self._derive(workers)
+            try:
+                self._plans[workers] = self._derive(workers)
+            except UniparError as error:
+                self._refused[workers] = error
+                raise
         return self._plans[workers]
 
     def _derive(self, workers: int) -> Plan:

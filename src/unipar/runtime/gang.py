@@ -32,6 +32,8 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
+_START_POLL_S = 0.25  # how often a starting gang asks ``most`` while its members start up
+
 PROCESS_LOST = (
     ActorDiedError,
     ActorUnavailableError,
@@ -113,10 +115,47 @@ class Supervisor:
         self.needs = {k: v for k, v in needs.items() if v}
         self.pending: list[tuple[Any, Any]] = []  # (actor, describe ref) starting up
 
-    def start(self, count: int, timeout_s: float) -> list[Member]:
-        """Start ``count`` members and wait for them (those that fail are left out)."""
-        started = describe_all([self.make_actor() for _ in range(count)], timeout_s)
-        return [member for member in started if member is not None]
+    def start(
+        self, count: int, timeout_s: float, most: Callable[[], int] | None = None
+    ) -> list[Member]:
+        """Start ``count`` members and wait for them (those that fail are left out).
+
+        ``most``, asked while they start up: members past it are stopped at once, the
+        newest first, so that the resources they hold go back to the cluster then and not
+        after the whole gang has started (an outside size target lowered meanwhile)."""
+        if most is None:
+            started = describe_all([self.make_actor() for _ in range(count)], timeout_s)
+            return [member for member in started if member is not None]
+        pending = [(actor, actor.describe.remote())
+                   for actor in (self.make_actor() for _ in range(count))]
+        members: list[Member] = []
+        until = time.monotonic() + timeout_s
+        while pending:
+            keep = max(0, most() - len(members))  # pending ones still wanted
+            for actor, _ in pending[keep:]:
+                ray.kill(actor, no_restart=True)
+            pending = pending[:keep]
+            left = until - time.monotonic()
+            if left <= 0:
+                for actor, _ in pending:
+                    ray.kill(actor, no_restart=True)
+                break
+            if pending:
+                ray.wait([ref for _, ref in pending], num_returns=1,
+                         timeout=min(left, _START_POLL_S))
+            still = []
+            for actor, ref in pending:
+                if not ray.wait([ref], timeout=0)[0]:
+                    still.append((actor, ref))
+                    continue
+                try:
+                    members.append(Member(actor, *ray.get(ref)))
+                except PROCESS_LOST:
+                    ray.kill(actor, no_restart=True)
+            pending = still
+        keep = max(0, min(len(members), most()))
+        self.kill(members[keep:])
+        return members[:keep]
 
     def start_in_background(self, count: int) -> None:
         """Start ``count`` members without waiting; :meth:`take_started` collects them."""

@@ -8,14 +8,16 @@ at each size; gradient statistics are not reported yet, so every batch counts fu
 (``grad_sqr=1, grad_var=0``: efficiency 1) and the runtime keeps each job's global batch
 (the policy's batch choice is not applied). The policy's counts are then fitted to what a
 job can run on: a size its plan takes (``sizes``), at least its minimum for a running job,
-and, for a job that runs, any workers the policy left idle, in queue order, up to its
-maximum (work-conserving: the goodput policy explores at most twice the size a job has
-been seen at, Pollux §4.1).
+at most its present size for a running job (grows come next), and the workers left idle
+handed out shortest remaining time first, to a job starting up to its maximum, to a
+running one only where growing pays for its measured cost (:func:`targets`; the goodput
+policy alone explores at most twice the size a job has been seen at, Pollux §4.1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,8 +28,33 @@ from unipar.sched.policy import Allocation, JobView, Policy, RoundState
 from unipar.sched.throughput import Observation, ThroughputModel, fit
 from unipar.service.state import JobRow, JobState
 
-RESIZE_S = 3.0  # seconds an elastic resize costs (a new worker's start), for the policy
 PRIORITY_S = 86_400.0  # a priority of N queues a job as if submitted N days earlier
+
+
+@dataclass(frozen=True)
+class ResizeCost:
+    """What growing a running job costs, as measured on the cluster (the runners report
+    it; these defaults stand until they have): ``latency`` seconds from the decision to
+    the gang running at the new size (its new workers start while the gang trains on),
+    ``pause`` seconds the gang trains no step while it re-forms (the restart seconds δ
+    of Pollux §4.1)."""
+
+    latency: float = 5.0  # a worker process's start (imports, dataset): 4-6 s measured here
+    pause: float = 1.0  # stop at a step boundary, re-plan, re-form: 0.5-1.2 s measured here
+
+    def __post_init__(self) -> None:
+        for name in ("latency", "pause"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ConfigError(f"ResizeCost.{name} must be >= 0 seconds, but got {value}; "
+                                  "pass the seconds measured")
+
+    @classmethod
+    def measured(cls, latencies: Sequence[float], pauses: Sequence[float]) -> ResizeCost:
+        """The medians of what runners measured (a default where none was)."""
+        default = cls()
+        return cls(float(np.median(latencies)) if len(latencies) else default.latency,
+                   float(np.median(pauses)) if len(pauses) else default.pause)
 
 
 def worker_sizes(least: int, most: int, batch: int) -> tuple[int, ...]:
@@ -102,22 +129,68 @@ def job_view(row: JobRow, now: float, peers: Sequence[JobRow]) -> JobView:
     )
 
 
+def step_time(row: JobRow, workers: int) -> float | None:
+    """Seconds per step of ``row`` on ``workers``: the mean it reported there, else its
+    fitted model's prediction, or, seen at one size only, that size's time scaled
+    perfectly (optimistic, as Pollux explores, §4.1: one try measures it); ``None``
+    before it reported any."""
+    seen = {k: sec / n for k, (n, sec) in (row.step_times or {}).items() if n > 0}
+    if workers in seen:
+        return seen[workers]
+    if len(seen) == 1:
+        (k, t), = seen.items()
+        return t * k / workers
+    model = _model([row])
+    if model is None:
+        return None
+    return float(model.iter_time(1, workers, row.batch / workers))
+
+
+def grow_pays(row: JobRow, workers: int, cost: ResizeCost) -> bool:
+    """Whether growing running ``row`` to ``workers`` finishes it sooner: the steps left
+    once the new workers are up (``cost.latency`` on, at the present speed) run faster by
+    more than the re-formation's pause (the test of ``restart_by_remaining`` in the
+    goodput policy, made exact for one job with the measured cost). Unknown speeds: yes."""
+    now_t, new_t = step_time(row, row.target), step_time(row, workers)
+    if now_t is None or new_t is None:
+        return True
+    left = row.steps - row.step - cost.latency / max(now_t, 1e-9)
+    return left * (now_t - new_t) > cost.pause
+
+
+def remaining_s(row: JobRow) -> float:
+    """Predicted seconds left at the job's present size (``inf`` when unknown)."""
+    t = step_time(row, max(row.target, 1))
+    return float("inf") if t is None else (row.steps - row.step) * t
+
+
 def _down_to(sizes: Sequence[int], count: int) -> int:
     """The largest size up to ``count`` (0 when none)."""
     return max((s for s in sizes if s <= count), default=0)
 
 
 def targets(
-    policy: Policy, rows: Sequence[JobRow], slots: int, now: float, interval_s: float
+    policy: Policy,
+    rows: Sequence[JobRow],
+    slots: int,
+    now: float,
+    interval_s: float,
+    cost: ResizeCost = ResizeCost(),
 ) -> dict[int, int]:
-    """Workers for each queued or running job (0: stays queued) on ``slots`` workers."""
+    """Workers for each queued or running job (0: stays queued) on ``slots`` workers.
+
+    The policy's counts start queued jobs and shrink running ones; running jobs grow
+    only out of the workers left over, the one with the least time left first (shortest
+    remaining time first: the order that minimises mean completion time, Schrage 1968),
+    each only where growing finishes it sooner (:func:`grow_pays`, with the measured
+    ``cost``)."""
     live = [r for r in rows if not r.state.ended]
     if not live or slots < 1:
         return {r.id: r.target for r in live}
     usable = {r.id: tuple(s for s in r.sizes if s <= slots) for r in live}
     views = [job_view(r, now, [p for p in rows if p.name == r.name]) for r in live]
     state = RoundState(now=now, cluster=Cluster.uniform(1, slots), jobs=views,
-                       available_nodes=(0,), restart_seconds=RESIZE_S, interval=interval_s)
+                       available_nodes=(0,), restart_seconds=cost.pause, interval=interval_s)
     wanted = {int(name): a.replicas for name, a in policy.allocate(state).items()}
     order = sorted(live, key=lambda r: (r.target == 0, r.submitted - PRIORITY_S * r.priority))
     out: dict[int, int] = {}
@@ -127,14 +200,16 @@ def targets(
         count = _down_to(sizes, wanted.get(r.id, 0))
         if r.target > 0:  # a running job keeps at least its least size
             count = max(count, sizes[0] if sizes else r.target)
+            count = min(count, r.target)  # grows: below, shortest remaining first
         if count > free:
             count = _down_to(sizes, free) if r.target > 0 else 0
         out[r.id] = count
         free -= count
-    for r in order:  # hand out what is left, to jobs that run, up to their most
+    for r in sorted(order, key=lambda r: (remaining_s(r), r.steps - r.step)):  # SRPT
         if out[r.id] == 0:
             continue
-        bigger = [s for s in usable[r.id] if out[r.id] < s <= out[r.id] + free]
+        bigger = [s for s in usable[r.id] if out[r.id] < s <= out[r.id] + free
+                  and (r.target == 0 or s <= r.target or grow_pays(r, s, cost))]
         if bigger:
             free -= max(bigger) - out[r.id]
             out[r.id] = max(bigger)

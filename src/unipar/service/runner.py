@@ -35,41 +35,58 @@ class RunnerStatus:
     resizes: list[str] = field(default_factory=list)
     error: str = ""
     summary: str = ""
+    # what its resizes cost: seconds from a raised target to the gang running at it (new
+    # workers start meanwhile), and seconds without a step while the gang re-formed
+    grow_latency_s: list[float] = field(default_factory=list)
+    pause_s: list[float] = field(default_factory=list)
 
 
 class JobRunner:
     """The Ray actor (see the module's docstring). ``job``: the pickled Job."""
 
     def __init__(self, job_id: int, job: bytes, options: dict[str, Any], run_dir: str,
-                 log_path: str) -> None:
+                 log_path: str, target: int, decided: float) -> None:
         import ray.cloudpickle
 
         self.job_id = job_id
         self.job = ray.cloudpickle.loads(job)
         self.options = options
         self.run_dir, self.log_path = Path(run_dir), Path(log_path)
-        self.target = SizeTarget()
+        self.target = SizeTarget(target)
+        self._decided = decided  # when the scheduler chose the target in force
         self.status_ = RunnerStatus()
         self._lock = threading.Lock()
         self._since_formed = 0
+        self._raised_at: float | None = None  # monotonic time the target rose past the gang
+        self._last_step_at: float | None = None  # unix time the last step finished
+        self._paused_since: float | None = None  # ... the last step before a resize
         self._thread: threading.Thread | None = None
 
-    def start(self, workers: tuple[int, int], target: int) -> None:
-        """Train on ``workers`` (least, most), bounded by ``target`` (once; a second call
-        only sets the target)."""
-        self.target.set(target)
+    def start(self, workers: tuple[int, int]) -> None:
+        """Train on ``workers`` (least, most), bounded by the size target (once)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, args=(workers,), daemon=True)
             self._thread.start()
 
-    def set_target(self, target: int) -> None:
-        self.target.set(target)
+    def set_target(self, target: int, decided: float) -> None:
+        """The scheduler's size, chosen at ``decided`` (unix seconds): the actor runs calls
+        on several threads, so an older decision that arrives late is ignored."""
+        with self._lock:
+            if decided < self._decided:
+                return
+            self._decided = decided
+            self.target.set(target)
+            if target <= self.status_.workers:
+                self._raised_at = None
+            elif self._raised_at is None:
+                self._raised_at = time.monotonic()
 
     def status(self) -> RunnerStatus:
         with self._lock:
             s = self.status_
             return RunnerStatus(s.state, s.step, s.workers, dict(s.step_times), s.steps_per_s,
-                                list(s.resizes), s.error, s.summary)
+                                list(s.resizes), s.error, s.summary, list(s.grow_latency_s),
+                                list(s.pause_s))
 
     def pid(self) -> int:
         import os
@@ -110,6 +127,11 @@ class JobRunner:
             s = self.status_
             if size != s.workers:
                 self._since_formed = 0
+            if self._paused_since is not None:
+                began = metrics.finished_at - metrics.step_time_s
+                s.pause_s.append(max(0.0, began - self._paused_since))
+                self._paused_since = None
+            self._last_step_at = metrics.finished_at
             s.step, s.workers = metrics.step + 1, size
             self._since_formed += 1
             if self._since_formed > WARMUP_STEPS:
@@ -124,6 +146,10 @@ class JobRunner:
         with self._lock:
             self.status_.resizes.append(str(event))
             self._since_formed = 0
+            self._paused_since = self._last_step_at
+            if event.new > event.old and self._raised_at is not None:
+                self.status_.grow_latency_s.append(time.monotonic() - self._raised_at)
+                self._raised_at = None
         self._log(f"resize {event}")
 
 

@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from unipar.errors import ConfigError
 from unipar.runtime.gang import PROCESS_LOST
 from unipar.sched.policies import PolicyName, make_policy
-from unipar.service.decide import targets, useful_workers
+from unipar.service.decide import ResizeCost, targets, useful_workers
 from unipar.service.state import JobRow, JobState, Store
 
 NAMESPACE = "unipar"
@@ -42,9 +42,13 @@ class Scheduler:
         self.policy = make_policy(self.policy_name)
         self.interval_s = interval_s
         self.runners: dict[int, Any] = {}
+        self._polled: dict[int, float] = {}  # when each job's runner last answered
+        self._costs: dict[int, tuple[list[float], list[float]]] = {}  # resize costs per job
         self.requested = 0  # workers asked of Ray's autoscaler (0: none)
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the store and the runners, held briefly
+        self._rounds = threading.Lock()  # one round at a time
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a round now: a job was submitted
         self._adopt()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="unipar-rounds")
         self._thread.start()
@@ -63,6 +67,7 @@ class Scheduler:
                               runner=f"unipar-job-{self.token}-{job_id}")
             self.store.event(job_id, f"submitted by {row.user or '-'}: {row.name}, workers "
                              f"{row.least}:{row.most}, priority {row.priority}")
+        self._wake.set()
         return job_id
 
     def jobs(self) -> list[JobRow]:
@@ -93,6 +98,7 @@ class Scheduler:
     def shutdown(self) -> None:
         """Stop the rounds and every running job (``unipar down``)."""
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=2 * self.interval_s + STATUS_TIMEOUT_S)
         with self._lock:
             for row in self.store.rows(JobState.QUEUED, JobState.RUNNING):
@@ -100,18 +106,19 @@ class Scheduler:
             self.store.close()
 
     def round_now(self) -> None:
-        """One round at once (else every ``interval_s``)."""
-        with self._lock:
-            self._round()
+        """One round at once (else every ``interval_s``, or at once after a submission)."""
+        self._round()
 
     # -- rounds ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
-                with self._lock:
-                    if not self._stop.is_set():
-                        self._round()
+                self._round()
             except Exception as error:  # a round that fails is retried at the next one
                 print(f"unipar scheduler: round failed: {type(error).__name__}: {error}",
                       flush=True)
@@ -127,21 +134,40 @@ class Scheduler:
                 self.store.event(row.id, "failed: runner lost while the scheduler was down")
 
     def _round(self) -> None:
+        """Read the runners (all at once, without holding the store: clients are answered
+        meanwhile), then decide and apply under the lock."""
+        with self._rounds:
+            with self._lock:
+                running = self.store.rows(JobState.RUNNING)
+            statuses = self._statuses(running)
+            slots = cluster_slots()
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                self._decide(statuses, slots)
+
+    def _decide(self, statuses: dict[int, Any], slots: int) -> None:
         now = time.time()
         for row in self.store.rows(JobState.RUNNING):
-            self._poll(row, now)
+            if row.id in statuses:
+                self._apply(row, statuses[row.id])
         rows = self.store.rows(JobState.QUEUED, JobState.RUNNING)
-        slots = cluster_slots()
-        decided = targets(self.policy, rows, slots, now, self.interval_s)
+        decided = targets(self.policy, rows, slots, now, self.interval_s, self.resize_cost())
         self._autoscale(useful_workers(rows, now, sum(r.most for r in rows)), slots)
         for row in rows:
             count = decided.get(row.id, 0)
             if row.state is JobState.QUEUED and count > 0:
                 self._start(row, count)
             elif row.state is JobState.RUNNING and count != row.target and count > 0:
-                self.runners[row.id].set_target.remote(count)
+                self.runners[row.id].set_target.remote(count, now)
                 self.store.update(row.id, target=count)
                 self.store.event(row.id, f"size {row.target} -> {count}")
+
+    def resize_cost(self) -> ResizeCost:
+        """What a grow costs on this cluster, from the resizes the runners measured."""
+        latencies = [x for grows, _ in self._costs.values() for x in grows]
+        pauses = [x for _, pauses in self._costs.values() for x in pauses]
+        return ResizeCost.measured(latencies, pauses)
 
     def _autoscale(self, useful: int, slots: int) -> None:
         """Ask Ray's autoscaler for room for the useful workers when the cluster lacks
@@ -153,23 +179,49 @@ class Scheduler:
             request_resources(bundles=[{"CPU": 1.0}] * want)
             self.requested = want
 
-    def _poll(self, row: JobRow, now: float) -> None:
-        try:
-            runner = self.runners.get(row.id) or ray.get_actor(row.runner, namespace=NAMESPACE)
-            self.runners[row.id] = runner
-            status = ray.get(runner.status.remote(), timeout=STATUS_TIMEOUT_S)
-        except (ValueError, *PROCESS_LOST):
+    def _statuses(self, rows: list[JobRow]) -> dict[int, Any]:
+        """Each runner's status, asked of all at once; a runner that does not answer within
+        a round's interval (its process still starting) is asked again next round, one
+        whose process is gone maps to ``None``."""
+        asked: dict[int, Any] = {}
+        out: dict[int, Any] = {}
+        for row in rows:
+            try:
+                with self._lock:
+                    runner = (self.runners.get(row.id)
+                              or ray.get_actor(row.runner, namespace=NAMESPACE))
+                    self.runners.setdefault(row.id, runner)
+                asked[row.id] = runner.status.remote()
+            except ValueError:
+                out[row.id] = None
+        if asked:
+            ray.wait(list(asked.values()), num_returns=len(asked),
+                     timeout=min(STATUS_TIMEOUT_S, max(self.interval_s, 0.5)))
+        for job_id, ref in asked.items():
+            if not ray.wait([ref], timeout=0)[0]:
+                continue
+            try:
+                out[job_id] = ray.get(ref)
+            except PROCESS_LOST:
+                out[job_id] = None
+        return out
+
+    def _apply(self, row: JobRow, status: Any) -> None:
+        """Record a runner's status (``None``: its process is lost)."""
+        if status is None:
             self._end(row, JobState.FAILED, "its runner process was lost")
             return
-        except ray.exceptions.GetTimeoutError:
-            return
+        now = time.time()
+        last = self._polled.get(row.id, now - self.interval_s)
+        self._polled[row.id] = now
+        self._costs[row.id] = (status.grow_latency_s, status.pause_s)
         for text in status.resizes[row.restarts:]:
             self.store.event(row.id, f"resize {text}")
         self.store.update(
             row.id, step=status.step, workers=status.workers, step_times=status.step_times,
             steps_per_s=status.steps_per_s, restarts=len(status.resizes),
             max_seen=max(row.max_seen, status.workers),
-            worker_seconds=row.worker_seconds + status.workers * self.interval_s,
+            worker_seconds=row.worker_seconds + status.workers * (now - last),
         )
         if status.state == "done":
             self._end(row, JobState.DONE, "done")
@@ -187,9 +239,9 @@ class Scheduler:
             ray.remote(JobRunner)
             .options(name=row.runner, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
                      max_concurrency=4, scheduling_strategy=here())
-            .remote(row.id, job, options, row.run_dir, str(log))
+            .remote(row.id, job, options, row.run_dir, str(log), count, time.time())
         )
-        runner.start.remote((sizes[0], sizes[-1]), count)
+        runner.start.remote((sizes[0], sizes[-1]))
         self.runners[row.id] = runner
         self.store.update(row.id, state=JobState.RUNNING, started=time.time(), target=count)
         self.store.event(row.id, f"started on {count} workers")

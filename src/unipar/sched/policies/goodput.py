@@ -8,7 +8,8 @@ of the speedups (Pollux eq. 12: p = −1), i.e. to minimise Σ_j w_j·speedup_j(
 p < 0, with weights w_j = 1 unless ``remaining_power`` weights jobs by their predicted
 remaining time (declared length over fitted goodput) to favour the shorter. A job may use at
 most ``explore`` times the most GPUs it (or, with ``share_models``, any job of its
-application) has run on (Pollux §4.1: its model is untested beyond that).
+application) has run on (Pollux §4.1: its model is untested beyond that), and always as
+many as it holds.
 
 The search is the greedy of ``greedy.py`` (exact for concave speedups, milliseconds for
 hundreds of jobs) rather than Pollux's genetic algorithm. Restarts: Pollux's reallocation
@@ -65,8 +66,11 @@ class GoodputPolicy(Policy):
         jobs = self._admit(list(state.jobs), gpus)
         if not jobs:
             return {}
+        # never below what a job holds: one given workers before it reported (a live
+        # service hands idle workers out) is not shrunk for want of reports
         cap = np.array(
-            [min(gpus, max(1, int(self.explore * self._seen(j)))) for j in jobs]
+            [min(gpus, max(1, int(self.explore * self._seen(j)),
+                           j.allocation.replicas if j.allocation else 0)) for j in jobs]
         )
         fair = max(1, gpus // len(state.jobs)) if self.fair_share_base else 1
         deadlines = any(j.deadline is not None for j in jobs)
@@ -89,7 +93,10 @@ class GoodputPolicy(Policy):
             cost = -np.where(speedup > 0, speedup**self.p, -np.inf)
         if self.remaining_power:
             remaining = np.array([j.remaining_progress for j in jobs]) / base[:, 0]
-            cost = cost * (np.maximum(remaining, 60.0) / 3600.0)[:, None] ** -self.remaining_power
+            # below one round, remaining times are not told apart (60 s in the simulator;
+            # the live service's rounds are seconds apart, its jobs as short)
+            floor = max(state.interval, 1e-3)
+            cost = cost * (np.maximum(remaining, floor) / 3600.0)[:, None] ** -self.remaining_power
         cost = np.concatenate([np.full((len(jobs), 1), np.inf), cost], axis=1)
         counts = greedy(cost, start, gpus - int(start.sum()))
         trimmed = self._quota(state, jobs, counts)
