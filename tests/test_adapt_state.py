@@ -140,3 +140,25 @@ def test_a_batch_may_shrink_below_m0_to_its_bound_with_less_progress_per_step():
     assert stats.lr_factor == pytest.approx(r) and stats.efficiency == pytest.approx(4 * r)
     before = state.progress
     assert state.after_step(None).progress == pytest.approx(before + r)
+
+
+def test_one_timed_size_is_probed_before_the_fit_steers_the_batch():
+    """Steps of almost only fixed cost, noise scale B_simple = M0: from one timed size,
+    the fit's even split of fixed and per-sample time sees no gain in a bigger batch and
+    would hold M0; a probe at twice the batch shows the cost barely grows, and the next
+    choice grows the batch."""
+    adaptive = AdaptiveBatch(max_global_batch=256, adapt_every=5)
+    state = AdaptState.start(adaptive, 32, BatchShape(micro=16, accum=1, replicas=2))
+
+    def steps(state: AdaptState) -> AdaptState:
+        for _ in range(SETTLE):
+            b, k = state.shape.per_replica, state.shape.replicas
+            sample = NoiseSample(1 + 32 / b, 1 + 32 / (b * k), b, k)
+            state = state.after_step(sample, (state.shape, 0.01 + 1e-5 * state.shape.micro))
+        return state
+
+    state, pick = steps(state).choose(adaptive, max_micro=128)
+    assert pick.global_batch == 32  # the model alone holds M0
+    assert state.shape.global_batch == 64 and state.moving  # the probe
+    state, pick = steps(state).choose(adaptive, max_micro=128)
+    assert pick.global_batch == 128 and state.shape.global_batch == 128

@@ -73,15 +73,15 @@ def test_same_quality_as_single_process(ray_cluster, cancer, actors):
 
 
 class KillOnce(xgb.callback.TrainingCallback):
-    """SIGKILL this actor's own process after round ``at`` on collective rank 1, once."""
+    """SIGKILL this actor's own process after round ``at`` on collective ``rank``, once."""
 
-    def __init__(self, at: int, marker: str) -> None:
-        self.at, self.marker = at, marker
+    def __init__(self, at: int, marker: str, rank: int = 1) -> None:
+        self.at, self.marker, self.rank = at, marker, rank
 
     def after_iteration(self, model, epoch, evals_log):
         from xgboost import collective
 
-        due = model.num_boosted_rounds() >= self.at and collective.get_rank() == 1
+        due = model.num_boosted_rounds() >= self.at and collective.get_rank() == self.rank
         if due and not os.path.exists(self.marker):
             Path(self.marker).write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
@@ -118,6 +118,28 @@ def test_killed_actor(ray_cluster, synthetic, tmp_path, mode):
     ours = log_loss(y, booster.predict(xgb.DMatrix(x)))
     reference = log_loss(y, clean.predict(xgb.DMatrix(x)))
     assert abs(ours / reference - 1) <= FAULT_TOLERANCE
+
+
+def test_elastic_training_that_loses_its_only_actor_waits_for_the_replacement(
+    ray_cluster, synthetic, tmp_path
+):
+    x, y = synthetic
+    marker = str(tmp_path / "killed")
+    extra = {}
+    ray_params = RayParams(
+        num_actors=1, elastic_training=True, max_failed_actors=1, checkpoint_frequency=5
+    )
+    booster = train(
+        PARAMS,
+        RayDMatrix(x, y),
+        20,
+        ray_params=ray_params,
+        callbacks=[KillOnce(8, marker, rank=0)],
+        additional_results=extra,
+    )
+    assert Path(marker).exists(), "the actor was never killed"
+    assert extra["failures"] == 1 and extra["num_actors"] == 1
+    assert booster.num_boosted_rounds() == 20
 
 
 def test_files_are_read_by_their_actors(ray_cluster, cancer, tmp_path):

@@ -134,7 +134,9 @@ class AdaptState:
         """The goodput-optimal shape on the same replicas (:func:`choose`), within
         ``GROWTH`` times the running batch either way (the estimates behind a choice are a
         few noisy steps old: the batch moves step by step, as they firm up); a choice of
-        the batch already running keeps its micro-batching."""
+        the batch already running keeps its micro-batching. While one micro-batch size
+        has been timed, the state runs a probe (:meth:`_probe`) instead of the pick,
+        which the returned choice still describes."""
         replicas = self.shape.replicas
         batch = self.shape.global_batch
         least = adaptive.min_global_batch or self.init_batch
@@ -148,7 +150,10 @@ class AdaptState:
             min_batch=min(max(least, -(-batch // GROWTH)), batch),
         )
         shape = self.shape
-        if pick.global_batch != shape.global_batch:
+        probe = self._probe(adaptive, max_micro, up=pick.global_batch >= shape.global_batch)
+        if probe is not None:
+            shape = probe
+        elif pick.global_batch != shape.global_batch:
             shape = BatchShape(pick.local_batch, pick.accum_steps, replicas)
         moved = shape != self.shape
         chosen = replace(
@@ -156,6 +161,27 @@ class AdaptState:
             since_choice=0, moving=moved,
         )
         return chosen, pick
+
+    def _probe(self, adaptive: AdaptiveBatch, max_micro: int, up: bool) -> BatchShape | None:
+        """While the step times come from one micro-batch size, a shape ``GROWTH`` times
+        bigger (``up``: the model's pick is not smaller) or smaller, within the bounds:
+        one size cannot tell a step's fixed time from its time per sample, and the fit's
+        even split of the two (:func:`unipar.sched.throughput.fit`) would otherwise steer
+        a model whose steps are mostly fixed cost (small models, many workers) by
+        differences of a few samples, or never to a larger batch. None once two sizes
+        are seen, or when no other micro-batch size is in bounds."""
+        seen = {o.local_bsz for o in self.observations}
+        batch = self.shape.global_batch
+        least = adaptive.min_global_batch or self.init_batch
+        other = (
+            min(GROWTH * batch, adaptive.max_global_batch)
+            if up
+            else max(-(-batch // GROWTH), least)
+        )
+        if len(seen) != 1 or other == batch:
+            return None
+        micro, accum = split_batch(other, self.shape.replicas, max_micro)
+        return None if micro in seen else BatchShape(micro, accum + 1, self.shape.replicas)
 
     def on_replicas(self, replicas: int, max_micro: int) -> AdaptState:
         """The same global batch (rounded up to a multiple of ``replicas``) on a new

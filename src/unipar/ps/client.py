@@ -81,8 +81,9 @@ class Pulled:
 
 class PSClient:
     """Pushes are sent without waiting for the servers; the next pull first waits until
-    they are in (``settle``), so a server always has a worker's clock ``c`` before its
-    pull for ``c + 1``, and the push overlaps whatever the worker does in between."""
+    they are in (``settle``), and every clock pulls before it pushes (a clock that reads
+    nothing makes an empty pull), so a server always has a worker's clock ``c`` before
+    its pull for ``c + 1``, and the push overlaps whatever the worker does in between."""
 
     def __init__(self, worker: int, parts: Partitioning, servers: list[Any]) -> None:
         self.worker = worker
@@ -90,6 +91,7 @@ class PSClient:
         self.servers = servers
         self.traffic = Traffic()
         self._pushes: list[Any] = []  # object refs of pushes not yet known to be in
+        self.pulled_clock = 0  # the last clock this worker pulled for
 
     def settle(self) -> None:
         """Wait until every push sent has reached its server."""
@@ -104,6 +106,7 @@ class PSClient:
 
         began = time.perf_counter()
         self.settle()
+        self.pulled_clock = clock
         unique = {t: torch.unique(i) for t, i in ids.items()}
         where = {t: self.parts.locate(t, u) for t, u in unique.items()}
         calls = []
@@ -137,7 +140,9 @@ class PSClient:
         rows: dict[str, tuple[torch.Tensor, torch.Tensor]],
     ) -> None:
         """Send the gradients of ``clock``: dense by name; per table (unique global ids,
-        rows). Returns at once (see ``settle``)."""
+        rows). Returns at once (see ``settle``); the clock must have pulled (which waited
+        for the previous push)."""
+        assert self.pulled_clock == clock, f"push of clock {clock} after no pull for it"
         where = {t: self.parts.locate(t, ids) for t, (ids, _) in rows.items()}
         for s, server in enumerate(self.servers):
             mine = {name: dense[name] for name in self.parts.dense_on(s) if name in dense}

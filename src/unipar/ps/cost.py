@@ -8,7 +8,9 @@
   row ids); its own link carries ``pull + push`` and each of ``k`` servers carries
   ``n/k`` of every worker's traffic, so ``t = max(worker bytes / bw_worker,
   n * worker bytes / (k * bw_server)) + r * alpha_ps + rows * c_row * max(1, n/k)``:
-  ``r`` round trips of an actor call (one pull of dense tensors and rows, one push)
+  ``r`` round trips of an actor call (one pull of dense tensors and rows, one push;
+  a model that runs a dense layer before its first table pulls the dense tensors alone,
+  one more)
   and a per-row cost ``c_row`` for finding, routing, gathering and scattering each
   touched row on the worker and applying it on its server (whose share grows with
   ``n/k``).

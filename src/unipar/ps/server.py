@@ -7,7 +7,9 @@ Clocks: a worker pushes the gradients of clock ``c`` and then pulls for ``c + 1`
 ``done[w]`` is the last clock worker ``w`` finished. Under BSP/SSP the pushes of clock
 ``c`` are summed and applied, divided by the number of pushes, once every worker is
 done with ``c`` (``applied = min(done)``). After a restore, clocks whose pushes were
-lost are skipped: the applied clock is still ``min(done)``.
+all lost are skipped, a clock some of whose pushes came again (Ray retries calls in
+flight) is applied with those (their mean), and a retried push of a clock the snapshot
+holds is dropped: the applied clock is still ``min(done)``.
 """
 
 from __future__ import annotations
@@ -91,7 +93,11 @@ class ParameterServer:
     # -- writes ------------------------------------------------------------------------
     def push(self, worker: int, clock: int, push: Push) -> None:
         with self.cond:
-            if not self.consistency.aggregates:
+            if self.consistency.aggregates and clock <= self.applied:
+                # a push Ray retried after a restore, of a clock the snapshot already
+                # holds: applying it again (alone, at full weight) would count it twice
+                self._finish(worker, clock)
+            elif not self.consistency.aggregates:
                 self._apply([push], scale=1.0 / self.num_workers)
                 self.applied = max(self.applied, clock)
                 self._finish(worker, clock)

@@ -176,9 +176,13 @@ class PSWorker:
             began, pulling = time.perf_counter(), self.client.traffic.pull_s
             self._touched: dict[str, torch.Tensor] = {}
             self._dense_fresh = False
+            if self.local_optimizer is None and not self._materialized:  # off the meta
+                self._load_dense(self.client.pull(self.clock, {}, dense=True).dense)  # device
             self.model.zero_grad(set_to_none=True)
             loss = loss_fn(self.model, data(self.rank, self.clock))
             loss.backward()
+            if self.client.pulled_clock < self.clock:  # read nothing: still wait, in order
+                self.client.pull(self.clock, {}, dense=False)
             factor = slowdown.factor_at(self.rank, self.clock, self.world) if slowdown else 1.0
             if factor > 1:  # stretch the worker's own work (not its waits in pulls): its
                 waited = self.client.traffic.pull_s - pulling  # gradients come later
@@ -189,6 +193,14 @@ class PSWorker:
                 for n, p in self.model.named_parameters()
                 if n not in self.tables and p.grad is not None
             }
+            if self.local_optimizer is None and dense and not self._dense_fresh:
+                raise ConfigError(
+                    f"dense parameters {sorted(dense)[:3]} got gradients in clock "
+                    f"{self.clock}, but no module owning dense parameters ran its forward, "
+                    "so they held the previous clock's values: a worker refreshes them "
+                    "when such a module is called; call the module (model.head(x)), not "
+                    "its weights directly, or pass serve_dense=False"
+                )
             if self.local_optimizer is not None:
                 self._all_reduce(dense)
                 self.local_optimizer.step()

@@ -259,7 +259,7 @@ class ElasticController:
         dead: list[Member] = []
         leaving: list[Member] = []
         joiners: list[Member] = []
-        reason, began = "", 0.0
+        reason, began, lost_at = "", 0.0, 0.0
         stop_requested = False
         interrupted_at: float | None = None
         next_check = time.monotonic() + _CLUSTER_CHECK_S
@@ -275,10 +275,12 @@ class ElasticController:
                 except PROCESS_LOST as error:
                     stream.done = True
                     if not dead:  # one loss event per gang, even mid-pause for a resize
-                        self._lost(members.index(stream.member), error)
+                        lost_at = time.monotonic()
+                        if stream.member not in leaving:  # a drained node's worker: no
+                            self._lost(members.index(stream.member), error)  # failure
                         if not reason:
                             reason = f"worker lost on node {stream.member.node_ip}"
-                            began = time.monotonic()
+                            began = lost_at
                     dead.append(stream.member)
                     continue
                 for item in items:
@@ -297,7 +299,7 @@ class ElasticController:
                 # the others wait in a collective; stop them (the error is raised next).
                 self.supervisor.kill([s.member for s in streams if not s.done])
                 break
-            if dead and now - began > _SURVIVOR_GRACE_S:
+            if dead and now - lost_at > _SURVIVOR_GRACE_S:
                 stuck = [s.member for s in streams if not s.done]
                 self.supervisor.kill(stuck)
                 dead += stuck

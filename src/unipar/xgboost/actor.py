@@ -1,4 +1,5 @@
-"""The Ray actor that holds one shard of the data and trains in xgboost's collective.
+"""The Ray actor that holds one shard of the data and trains in xgboost's collective
+(or alone, when it is the only actor).
 
 Its data stays loaded across restarts: when a peer dies, this actor's training call
 fails with a collective error and returns, and the next attempt reuses the loaded data.
@@ -112,6 +113,8 @@ class XGBoostActor:
             callback.before_train(self)
         try:
             alone = tracker_args is None
+            if alone and collective.is_distributed():  # left by a broken earlier gang
+                collective.finalize()
             with contextlib.nullcontext() if alone else collective.CommunicatorContext(
                 **tracker_args
             ):

@@ -1,10 +1,12 @@
 """``train`` and ``predict`` across Ray actors, with XGBoost-Ray's fault tolerance.
 
 Training uses xgboost's own collective: a ``RabitTracker`` on the driver, and a
-``CommunicatorContext`` in each actor. When an actor dies its peers' collective calls
-fail at once; the driver then either replaces the dead actor (``max_actor_restarts``),
-or goes on without it (``elastic_training``), and resumes every live actor from the
-newest in-memory checkpoint, so the booster ends with exactly ``num_boost_round`` trees.
+``CommunicatorContext`` in each actor (a single actor trains alone, with neither;
+elastic training that loses its only actor waits for the replacement). When an actor
+dies its peers' collective calls fail at once; the driver then either replaces the
+dead actor (``max_actor_restarts``), or goes on without it (``elastic_training``), and
+resumes every live actor from the newest in-memory checkpoint, so the booster ends with
+exactly ``num_boost_round`` trees.
 An actor on a node that Ray drains (preemption notice, autoscaler scale-down) leaves
 after the current round, with no round lost, and is replaced the same way. The actors'
 processes, nodes and draining are followed by the gang supervisor that the torch
@@ -97,17 +99,22 @@ class _Gang:
             try:
                 meanwhile(actors)
             except BaseException:
-                for actor in actors:
-                    ray.kill(actor, no_restart=True)
+                self._kill(actors)
                 raise
         for shard, member in zip(shards, describe_all(actors, _START_TIMEOUT_S), strict=True):
             if member is None:
+                self._kill(actors)
                 raise RayXGBoostTrainingError(
                     f"the actor for data shard {shard} did not start within "
                     f"{_START_TIMEOUT_S:.0f} s; see its log (ray logs) for the error",
                     actor_rank=shard,
                 )
             self.members[shard] = member
+
+    @staticmethod
+    def _kill(actors: list[Any]) -> None:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
 
     def admit(self, shard: int) -> bool:
         """A replacement whose data is loaded becomes a member, unless its node is
@@ -521,6 +528,14 @@ def _replace(
         for index in shards:
             gang.pending[index] = gang.spawn(index)
             gang.loading[index] = load_refs(index, gang.pending[index])
+        if not gang.members:  # nobody left to train on (one actor): wait for them
+            for index in sorted(gang.pending):
+                gang.admit(index)
+            if not gang.members:
+                raise RayXGBoostTrainingError(
+                    "no actor is left to train on: every replacement died while loading or "
+                    "sits on a draining node; check the actors' logs, or use more actors"
+                )
         return
     gang.start(shards)
     ray.get([ref for index in shards for ref in load_refs(index, gang.members[index].actor)])
