@@ -94,9 +94,12 @@ def test_gives_up_after_max_failures(ray_cluster, tmp_path, elastic):
                 self.attempts_killed.add(metrics.attempt)
                 os.kill(workers[0].pid, signal.SIGKILL)
 
+    # Workers run ahead of the driver's reading of their reports; with many steps left,
+    # the kill at an attempt's first report still lands before the run could end.
+    long_job = tiny_gpt_job(steps=10 * STEPS, global_batch_size=64, dataset_size=2048)
     try:
         fit(
-            _job(),
+            long_job,
             workers=2,
             run_dir=tmp_path,
             max_failures=1,
