@@ -69,6 +69,9 @@ class RendezvousHost:
         """Ask the gang to stop at the next step boundary they can agree on."""
         if self._store is not None:
             self._store.set(_STOP, "1")
+            # A store's set is sent without a reply: a check on this connection returns
+            # once the server holds the key, so every rank that looks after this sees it.
+            self._store.check([_STOP])
 
     def close(self) -> None:
         self._store = None  # the server closes with its last reference
