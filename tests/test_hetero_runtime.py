@@ -55,6 +55,16 @@ def _hetero_plan(job, kind: HeteroKind, microbatch: int):  # type: ignore[no-unt
     )
 
 
+def _fit_matches_single_process(job, plan: Plan, run_dir) -> None:  # type: ignore[no-untyped-def]
+    """``fit`` on 2 workers gives one process's losses and final weights."""
+    expected_losses, expected_weights = single_process_losses(job)
+    result = fit(job, workers=2, plan=plan, run_dir=run_dir, progress=False)
+    torch.testing.assert_close(result.losses, expected_losses, rtol=RTOL, atol=0)
+    final = load_model_state(result.final_checkpoint)
+    for name, tensor in expected_weights.items():
+        torch.testing.assert_close(final[name], tensor, rtol=0, atol=ATOL, msg=name)
+
+
 def test_uneven_data_parallel_shares_match_single_process(ray_cluster):
     job = tiny_gpt_job(steps=6)
     plan = _hetero_plan(job, HeteroKind.DATA_PARALLEL, 1)
@@ -74,12 +84,7 @@ def test_uneven_pipeline_stages_match_single_process(ray_cluster, tmp_path):
     assert len(sizes) == 2 and sizes[0] != sizes[1], sizes  # uneven stages
     plan = hetero.to_plan()
     assert plan.mesh.pp == 2 and plan.stage_boundaries == hetero.stage_boundaries
-    expected_losses, expected_weights = single_process_losses(job)
-    result = fit(job, workers=2, plan=plan, run_dir=tmp_path, progress=False)
-    torch.testing.assert_close(result.losses, expected_losses, rtol=RTOL, atol=0)
-    final = load_model_state(result.final_checkpoint)
-    for name, tensor in expected_weights.items():
-        torch.testing.assert_close(final[name], tensor, rtol=0, atol=ATOL, msg=name)
+    _fit_matches_single_process(job, plan, tmp_path)
 
 
 def test_uneven_data_parallel_shares_through_fit_match_single_process(ray_cluster, tmp_path):
@@ -88,12 +93,7 @@ def test_uneven_data_parallel_shares_through_fit_match_single_process(ray_cluste
     plan = hetero.to_plan()
     assert plan.mesh.dp == 2 and plan.replica_samples[0] > plan.replica_samples[1] > 0
     assert Plan.from_json(plan.to_json()) == plan
-    expected_losses, expected_weights = single_process_losses(job)
-    result = fit(job, workers=2, plan=plan, run_dir=tmp_path, progress=False)
-    torch.testing.assert_close(result.losses, expected_losses, rtol=RTOL, atol=0)
-    final = load_model_state(result.final_checkpoint)
-    for name, tensor in expected_weights.items():
-        torch.testing.assert_close(final[name], tensor, rtol=0, atol=ATOL, msg=name)
+    _fit_matches_single_process(job, plan, tmp_path)
 
 
 def test_bad_uneven_shares_name_the_field():

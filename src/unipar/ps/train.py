@@ -107,7 +107,7 @@ class PSWorker:
                 owns = next(module.parameters(recurse=False), None) is not None
                 if owns and module not in table_modules:
                     module.register_forward_pre_hook(self._dense_hook)
-        if dense_init is not None:  # dense tensors stay here, all-reduced
+        else:  # dense tensors stay here, all-reduced
             self.model.load_state_dict(dense_init, strict=False, assign=True)
             dense = [p for n, p in self.model.named_parameters() if n not in self.tables]
             self.local_optimizer = _torch_optimizer(config.optimizer, dense)

@@ -306,17 +306,21 @@ class ElasticController:
                 for stream in streams:
                     stream.done = True
             # a moved size target, or joiners starting up, are looked at every poll
-            moved = self._most() != most or bool(self.supervisor.pending)
-            if not dead and not stop_requested and (now >= next_check or moved):
+            # (not while the gang pauses: nothing is decided then)
+            if (
+                not dead
+                and not stop_requested
+                and (now >= next_check or self._most() != most or self.supervisor.pending)
+            ):
                 next_check, most = now + _CLUSTER_CHECK_S, self._most()
                 leaving = on_draining_nodes(members)
-                excess = len(members) - self._most()
+                excess = len(members) - most
                 if leaving:
                     reason = f"node {leaving[0].node_ip} draining"
                 elif excess > 0:
                     self.supervisor.cancel_pending()
                     leaving = members[-excess:]
-                    reason = f"size target {self._most()}"
+                    reason = f"size target {most}"
                 else:
                     joiners += self.supervisor.take_started()
                     reason = self._grow(len(members), joiners)

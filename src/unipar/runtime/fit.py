@@ -109,7 +109,7 @@ def fit(
     (measured under the cost model's prediction) and the measured vs predicted table,
     also in :meth:`FitResult.summary`. Off (``None``), nothing is timed.
 
-    ``size_target``: an outside bound on an elastic run's size, asked about once a second
+    ``size_target``: an outside bound on an elastic run's size, asked at every poll (0.5 s)
     (see :mod:`unipar.runtime.size_target`; the shared cluster's scheduler sets it).
 
     Joins the Ray instance of this process if there is one, else ``address``, else

@@ -103,6 +103,21 @@ def describe_all(actors: Sequence[Any], timeout_s: float) -> list[Member | None]
     return members
 
 
+def _collect_started(pending: list[tuple[Any, Any]]) -> tuple[list[Member], list[Any]]:
+    """Of ``(actor, describe ref)`` pairs starting up: the members whose constructors
+    have run, and the pairs still starting (the lost ones are killed and dropped)."""
+    started, still = [], []
+    for actor, ref in pending:
+        if not ray.wait([ref], timeout=0)[0]:
+            still.append((actor, ref))
+            continue
+        try:
+            started.append(Member(actor, *ray.get(ref)))
+        except PROCESS_LOST:
+            ray.kill(actor, no_restart=True)
+    return started, still
+
+
 class Supervisor:
     """Starts members of one kind and watches the cluster around them.
 
@@ -143,16 +158,8 @@ class Supervisor:
             if pending:
                 ray.wait([ref for _, ref in pending], num_returns=1,
                          timeout=min(left, _START_POLL_S))
-            still = []
-            for actor, ref in pending:
-                if not ray.wait([ref], timeout=0)[0]:
-                    still.append((actor, ref))
-                    continue
-                try:
-                    members.append(Member(actor, *ray.get(ref)))
-                except PROCESS_LOST:
-                    ray.kill(actor, no_restart=True)
-            pending = still
+            started, pending = _collect_started(pending)
+            members += started
         keep = max(0, min(len(members), most()))
         self.kill(members[keep:])
         return members[:keep]
@@ -166,16 +173,7 @@ class Supervisor:
     def take_started(self) -> list[Member]:
         """Members started in the background whose constructors have run (lost ones
         are dropped)."""
-        started, still = [], []
-        for actor, ref in self.pending:
-            if not ray.wait([ref], timeout=0)[0]:
-                still.append((actor, ref))
-                continue
-            try:
-                started.append(Member(actor, *ray.get(ref)))
-            except PROCESS_LOST:
-                ray.kill(actor, no_restart=True)
-        self.pending = still
+        started, self.pending = _collect_started(self.pending)
         return started
 
     def cancel_pending(self) -> None:

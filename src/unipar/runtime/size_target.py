@@ -1,9 +1,10 @@
 """An outside decision about how many workers an elastic job should have.
 
 The elastic controller (:mod:`unipar.runtime.elastic`) asks its size target at each
-cluster check (about once a second): above the gang's size it grows up to the target when
-the cluster has room; below it, the workers past the target leave at the next step
-boundary, the same way as from a draining node (no step lost). ``None``: no outside
+poll of its running gang (every ``poll_interval_s``, 0.5 s by default): above the
+gang's size it grows up to the target when the cluster has room; below it, the workers
+past the target leave at the next step boundary, the same way as from a draining node
+(no step lost). ``None``: no outside
 decision, the job's own ``workers`` range alone bounds it. The shared-cluster scheduler
 (:mod:`unipar.service`) sets one per job; any callable returning ``int | None`` works.
 """

@@ -155,8 +155,7 @@ class _Gang:
 
     def stop(self) -> None:
         Supervisor.kill(list(self.members.values()))
-        for actor in self.pending.values():
-            ray.kill(actor, no_restart=True)
+        self._kill(list(self.pending.values()))
         if self.owned:
             remove_placement_group(self.placement)
 
