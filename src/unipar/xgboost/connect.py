@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 import ray
 
 from unipar.ray_session import start_ray
 
 
-def attach_or_start_ray() -> None:
+def attach_or_start_ray(before_starting: Callable[[], None] | None = None) -> None:
+    """Join or start Ray; ``before_starting`` runs first when a new local Ray is started
+    (to overlap work with its start-up)."""
     if ray.is_initialized():
         return
     address = os.environ.get("RAY_ADDRESS")
@@ -26,4 +29,6 @@ def attach_or_start_ray() -> None:
             return
         except ConnectionError:
             pass
+    if before_starting is not None:
+        before_starting()
     start_ray(None, preload=())  # XGBoost's actors never import torch

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     import xgboost as xgb
 
 log = logging.getLogger("unipar.xgboost")
-# Imported while Ray and the actors start (see background_import); needed from training on.
+# Imported while the actors start (see background_import); needed from training on.
 _XGBOOST = BackgroundImport("xgboost", "xgboost.tracker")
 
 _START_TIMEOUT_S = 300.0  # an actor's constructor (placement already reserved)
@@ -284,7 +284,6 @@ def train(
             "training needs labels, but dtrain has none; pass label=... to RayDMatrix (an "
             "array with one value per row, or the name of a label column)"
         )
-    _XGBOOST.start()
     if kwargs:  # checked before any actor starts
         _check_keywords(kwargs)
     evals = (
@@ -300,7 +299,7 @@ def train(
     reporters = [c for c in callbacks or [] if isinstance(c, TuneReportCallback)]
     callbacks = [c for c in callbacks or [] if not isinstance(c, TuneReportCallback)]
     started = time.perf_counter()
-    attach_or_start_ray()
+    attach_or_start_ray(before_starting=_XGBOOST.start)
     rp, planned, current = _resolve(ray_params, params)
     params = dict(params)
     if "nthread" not in params and "n_jobs" not in params:
@@ -395,8 +394,11 @@ def _train(
     _split_datasets([dtrain, *[m for m, _ in evals]], n)
     split: dict[str, Any] = {}
 
-    def shard_data(actors: list[Any]) -> None:  # in-memory data goes to the object
-        split["train"] = dtrain.shards(n, actors)  # store while the actors start
+    def shard_data(actors: list[Any]) -> None:
+        # While the actors start: import xgboost here (it competes less with their start
+        # once they are requested) and put in-memory data in the object store.
+        _XGBOOST.start()
+        split["train"] = dtrain.shards(n, actors)
         split["evals"] = [(m, name, m.shards(n, actors)) for m, name in evals]
 
     gang = _start_gang(rp, *placement, meanwhile=shard_data)
