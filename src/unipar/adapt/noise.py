@@ -8,9 +8,9 @@ B_big > B_small samples, unbiased estimates are
 Each is noisy, so both are averaged separately (exponential moving averages, bias
 corrected as Adam's moments) before their ratio B_simple = tr(Σ)/|G|². Here the small
 gradients are the local ones (per replica, or per micro-batch with one replica) and the
-big one is their mean. Pollux (Qiao et al. 2021, §3.1) measures the norms of the Adam-
-preconditioned gradient for Adam; :func:`unipar.adapt.norms.squared_norm` takes the
-preconditioner, and this estimator is the same for both.
+big one is their mean. Pollux (Qiao et al. 2021, §3.1) measures Adam's gradients
+preconditioned; the runtime measures raw ones (why: :mod:`unipar.adapt.norms`); this
+estimator is the same for both.
 """
 
 from __future__ import annotations
