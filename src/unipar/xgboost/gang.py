@@ -1,0 +1,260 @@
+"""The XGBoost actors of one ``train`` or ``predict`` call: their parameters resolved
+against the cluster, their placement group, their start, replacement (XGBoost-Ray's
+``max_actor_restarts``, or in the background under ``elastic_training``), nodes being
+drained, and the newest in-memory checkpoint among them."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import ray
+from ray.exceptions import RayTaskError
+from ray.util.placement_group import get_current_placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from unipar.errors import ConfigError
+from unipar.ray_session import require_resources, reserve_bundles
+from unipar.runtime.gang import PROCESS_LOST, Member, Supervisor, describe_all, on_draining_nodes
+from unipar.xgboost.actor import XGBoostActor
+from unipar.xgboost.exceptions import RayXGBoostTrainingError
+from unipar.xgboost.matrix import RayDMatrix
+from unipar.xgboost.params import RayParams
+from unipar.xgboost.resources import ActorResources, plan_actors, plan_in_bundles
+
+log = logging.getLogger("unipar.xgboost")
+
+START_TIMEOUT_S = 300.0  # an actor's constructor (placement already reserved)
+
+
+@dataclass
+class Gang:
+    """The live actors, by data shard index, in their placement group: their own, or the
+    caller's (a Ray Tune trial laid out by ``RayParams.get_tune_resources``), whose first
+    bundle is the caller's."""
+
+    params: RayParams
+    placement: Any
+    owned: bool
+    first_bundle: int = 0
+    members: dict[int, Member] = field(default_factory=dict)
+    pending: dict[int, Any] = field(default_factory=dict)  # replacements still loading
+    loading: dict[int, list[Any]] = field(default_factory=dict)  # their load refs
+    leaving: set[int] = field(default_factory=set)  # on draining nodes: go after this round
+
+    @property
+    def actors(self) -> dict[int, Any]:
+        return {shard: member.actor for shard, member in self.members.items()}
+
+    def start(
+        self, shards: list[int], meanwhile: Callable[[list[Any]], None] | None = None
+    ) -> None:
+        """Start an actor for each of ``shards`` and wait for its constructor; while they
+        start, ``meanwhile(actors)`` runs here."""
+        actors = [self.spawn(shard) for shard in shards]
+        if meanwhile is not None:
+            try:
+                meanwhile(actors)
+            except BaseException:
+                self._kill(actors)
+                raise
+        for shard, member in zip(shards, describe_all(actors, START_TIMEOUT_S), strict=True):
+            if member is None:
+                self._kill(actors)
+                raise RayXGBoostTrainingError(
+                    f"the actor for data shard {shard} did not start within "
+                    f"{START_TIMEOUT_S:.0f} s; see its log (ray logs) for the error",
+                    actor_rank=shard,
+                )
+            self.members[shard] = member
+
+    @staticmethod
+    def _kill(actors: list[Any]) -> None:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+
+    def admit(self, shard: int) -> bool:
+        """A replacement whose data is loaded becomes a member, unless its node is
+        draining (it waits: its node goes away, or the drain is cancelled). One that died
+        while loading is dropped (training goes on without it). Whether it joined."""
+        actor = self.pending[shard]
+        try:
+            ray.get(self.loading[shard])
+            member = Member(actor, *ray.get(actor.describe.remote()))
+        except (*PROCESS_LOST, RayTaskError) as error:
+            log.warning("replacement for shard %d lost while loading: %s", shard, error)
+            ray.kill(actor, no_restart=True)
+            del self.pending[shard], self.loading[shard]
+            return False
+        if on_draining_nodes([member]):
+            return False
+        del self.pending[shard], self.loading[shard]
+        self.members[shard] = member
+        return True
+
+    def spawn(self, shard: int) -> Any:
+        options: dict[str, Any] = {
+            "num_cpus": self.params.cpus_per_actor,
+            "num_gpus": self.params.gpus_per_actor,
+            "max_concurrency": 2,
+            "max_restarts": 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                self.placement, placement_group_bundle_index=shard + self.first_bundle
+            ),
+        }
+        if self.params.resources_per_actor:
+            options["resources"] = dict(self.params.resources_per_actor)
+        return (
+            ray.remote(XGBoostActor)
+            .options(**options)
+            .remote(shard, list(self.params.distributed_callbacks or []))
+        )
+
+    def stop(self) -> None:
+        Supervisor.kill(list(self.members.values()))
+        self._kill(list(self.pending.values()))
+        if self.owned:
+            remove_placement_group(self.placement)
+
+
+def in_tune_trial() -> bool:
+    """Whether this process runs a Ray Tune trial. A trial's process has imported Ray
+    Train's session module; one that has not is no trial, and importing Ray Train only
+    to ask would cost half a second of a cold start."""
+    session = sys.modules.get("ray.train._internal.session")
+    return session is not None and session.get_session() is not None
+
+
+def resolve_params(
+    ray_params: RayParams | dict[str, Any] | None, params: dict[str, Any]
+) -> tuple[RayParams, ActorResources, Any]:
+    """The parameters with actor count and resources filled in from the cluster, the
+    placement strategy, and the caller's placement group when the actors go into it."""
+    if ray_params is None:
+        ray_params = RayParams()
+    elif isinstance(ray_params, dict):
+        ray_params = RayParams(**ray_params)
+    elif not isinstance(ray_params, RayParams):
+        raise ConfigError(
+            f"ray_params must be a RayParams, a dict or None, but got {type(ray_params).__name__}"
+        )
+    current = get_current_placement_group()
+    planned: ActorResources | None = None
+    if current is not None:
+        held = ray.get_runtime_context().get_assigned_resources()
+        planned = plan_in_bundles(ray_params, current.bundle_specs, any(held.values()))
+    if planned is None:
+        current = None
+        nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+        planned = plan_actors(ray_params, nodes, params)
+        require_resources(
+            {"CPU": planned.cpus_per_actor, "GPU": planned.gpus_per_actor},
+            planned.num_actors,
+            "actor",
+        )
+    verbose = ray_params.verbose if ray_params.verbose is not None else not in_tune_trial()
+    resolved = replace(
+        ray_params,
+        num_actors=planned.num_actors,
+        cpus_per_actor=planned.cpus_per_actor,
+        gpus_per_actor=planned.gpus_per_actor,
+        verbose=verbose,
+    )
+    return resolved, planned, current
+
+
+def start_gang(
+    ray_params: RayParams,
+    planned: ActorResources,
+    current: Any,
+    meanwhile: Callable[[list[Any]], None] | None = None,
+) -> Gang:
+    """The gang's actors started (``meanwhile`` runs while they start up; see
+    ``Gang.start``); on any failure, what was started is stopped."""
+    if current is not None:
+        gang = Gang(ray_params, current, owned=False, first_bundle=planned.first_bundle)
+    else:
+        bundle: dict[str, float] = {"CPU": ray_params.cpus_per_actor}
+        if ray_params.gpus_per_actor:
+            bundle["GPU"] = ray_params.gpus_per_actor
+        if ray_params.resources_per_actor:
+            bundle.update(ray_params.resources_per_actor)
+        placement = reserve_bundles(
+            bundle, ray_params.num_actors, "actor", strategy=planned.strategy
+        )
+        gang = Gang(ray_params, placement, owned=True)
+    try:
+        gang.start(list(range(ray_params.num_actors)), meanwhile)
+    except BaseException:
+        gang.stop()
+        raise
+    return gang
+
+
+def split_datasets(matrices: list[RayDMatrix], n: int) -> None:
+    """Split Ray Datasets before the actors start: splitting runs Ray Data tasks, which
+    would wait forever once the actors hold every CPU."""
+    for matrix in matrices:
+        if matrix.dataset is not None:
+            matrix.shards(n)
+
+
+def replace_actors(
+    gang: Gang, shards: list[int], rp: RayParams, load_refs: Callable[[int, Any], list[Any]]
+) -> None:
+    """New actors for ``shards``: under elastic training they load in the background and
+    join at a round boundary; otherwise training waits for them and their data."""
+    if rp.elastic_training:
+        for index in shards:
+            gang.pending[index] = gang.spawn(index)
+            gang.loading[index] = load_refs(index, gang.pending[index])
+        if not gang.members:  # nobody left to train on (one actor): wait for them
+            for index in sorted(gang.pending):
+                gang.admit(index)
+            if not gang.members:
+                raise RayXGBoostTrainingError(
+                    "no actor is left to train on: every replacement died while loading or "
+                    "sits on a draining node; check the actors' logs, or use more actors"
+                )
+        return
+    gang.start(shards)
+    ray.get([ref for index in shards for ref in load_refs(index, gang.members[index].actor)])
+
+
+def leave_draining(gang: Gang, training: list[Member]) -> None:
+    """Members on nodes Ray is draining leave after the current round: every actor is
+    asked to stop there (the model of that round is the next attempt's start)."""
+    draining = {id(member) for member in on_draining_nodes(training)}
+    shards = {i for i, member in gang.members.items() if id(member) in draining} - gang.leaving
+    if shards:
+        gang.leaving |= shards
+        for member in gang.members.values():
+            member.actor.request_stop.remote()
+
+
+def admit_loaded(gang: Gang) -> None:
+    """Replacements whose data is loaded join at the next round: the live actors are
+    asked to stop after the current round and training restarts with everyone."""
+    for index in list(gang.pending):
+        loading = gang.loading[index]
+        done, _ = ray.wait(loading, num_returns=len(loading), timeout=0)
+        if len(done) == len(loading) and gang.admit(index):
+            for live in gang.actors.values():
+                live.request_stop.remote()
+
+
+def newest_checkpoint(gang: Gang, fallback: tuple[int, bytes] | None):  # type: ignore[no-untyped-def]
+    found = []
+    for actor in gang.actors.values():
+        try:
+            found.append(ray.get(actor.checkpoint.remote(), timeout=30))
+        except Exception:  # a second actor may have died meanwhile
+            continue
+    found = [c for c in found if c is not None]
+    if not found:
+        return fallback
+    newest = max(found, key=lambda c: c[0])
+    return newest if fallback is None or newest[0] >= fallback[0] else fallback
