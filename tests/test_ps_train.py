@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 
+from unipar.errors import ConfigError
 from unipar.models.ctr import CTRModel, ZipfClicks, ctr_loss
 from unipar.ps.consistency import Consistency, ConsistencySpec
 from unipar.ps.optim import OptimizerKind, OptimizerSpec
@@ -105,6 +106,26 @@ def test_dense_layer_before_the_table_reads_this_clocks_values(ray_cluster):
     assert not torch.equal(want["gate.weight"], GatedCTR().gate.weight.detach())  # it learns
     for name, value in want.items():
         torch.testing.assert_close(got.params[name], value, **TOL)
+
+
+def test_dense_weights_read_without_their_module_are_refused(ray_cluster):
+    """A loss that reads a dense weight directly (no module call, no table lookup) would
+    train on the previous clock's values from clock 2 on: the worker refuses it, names
+    the fix, and the run stops its workers and servers."""
+
+    def direct_loss(model, batch):  # type: ignore[no-untyped-def]
+        return model.gate.weight.square().sum()
+
+    config = PSConfig(2, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.1))
+    run_ = PSRun(GatedCTR, DATA, direct_loss, workers=WORKERS, steps=STEPS, config=config)
+    with pytest.raises(ConfigError, match="no module owning dense parameters ran its forward"):
+        run_.result()
+    for worker in run_.workers:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(worker.ready.remote(), timeout=30)
+    for server in run_.servers:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(server.status.remote(), timeout=30)
 
 
 def test_ssp_zero_equals_bsp(ray_cluster):

@@ -347,15 +347,24 @@ class PSRun:
         return ray.get([s.status.remote() for s in self.servers])
 
     def result(self) -> PSResult:
+        """The run's outcome once every worker is done; the first worker error is raised
+        as soon as it comes (its peers may wait for it at a barrier). Workers and servers
+        are stopped either way."""
         import ray
 
-        outs = ray.get(self.refs)
-        wall = time.perf_counter() - self.started
-        params = self.gather()
-        params.update(outs[0]["dense"])
-        status = self.server_status()
-        for handle in [*self.workers, *self.servers]:
-            ray.kill(handle)
+        try:
+            pending = list(self.refs)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                ray.get(done)
+            outs = ray.get(self.refs)
+            wall = time.perf_counter() - self.started
+            params = self.gather()
+            params.update(outs[0]["dense"])
+            status = self.server_status()
+        finally:
+            for handle in [*self.workers, *self.servers]:
+                ray.kill(handle)
         return PSResult(
             losses=[o["losses"] for o in outs],
             step_s=[o["step_s"] for o in outs],
