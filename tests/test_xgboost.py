@@ -48,6 +48,41 @@ def synthetic():
     return x, y
 
 
+@pytest.mark.parametrize("actors", [2, 1])
+def test_early_stopping_ends_training_as_in_xgboost(ray_cluster, cancer, actors):
+    """Training stopped by the job's own callbacks (early stopping) ends there, with the
+    rounds, best iteration and evaluation log of single-process xgboost."""
+    x, y = cancer
+    fit, held = slice(0, 400), slice(400, None)
+    params = {**PARAMS, "max_depth": 6, "eta": 0.5}
+    single_log: dict = {}
+    single = xgb.train(
+        params,
+        xgb.DMatrix(x[fit], y[fit]),
+        200,
+        evals=[(xgb.DMatrix(x[held], y[held]), "valid")],
+        early_stopping_rounds=3,
+        evals_result=single_log,
+        verbose_eval=False,
+    )
+    assert single.num_boosted_rounds() < 50  # it does stop early on these data
+    ours_log: dict = {}
+    booster = train(
+        params,
+        RayDMatrix(x[fit], y[fit]),
+        200,
+        evals=[(RayDMatrix(x[held], y[held]), "valid")],
+        early_stopping_rounds=3,
+        evals_result=ours_log,
+        ray_params=RayParams(num_actors=actors),
+    )
+    assert booster.num_boosted_rounds() == single.num_boosted_rounds()
+    assert booster.best_iteration == single.best_iteration
+    np.testing.assert_allclose(
+        ours_log["valid"]["logloss"], single_log["valid"]["logloss"], atol=QUALITY_TOLERANCE
+    )
+
+
 @pytest.mark.parametrize("actors", [2, 1])  # one actor trains outside any collective
 def test_same_quality_as_single_process(ray_cluster, cancer, actors):
     x, y = cancer

@@ -147,6 +147,9 @@ class XGBoostActor:
         result.update(
             rank=rank,
             rounds=booster.num_boosted_rounds(),
+            # the driver's stop (a peer joins or leaves), not the job's own callbacks
+            # (early stopping), ended this attempt before its last round
+            asked_to_stop=self.stop_requested.is_set(),
             model=bytes(booster.save_raw("ubj")) if rank == 0 else None,
             evals_result=log,
         )

@@ -298,9 +298,15 @@ def _train(
                 raise _actor_failure(results)
             if not dead:
                 final = next(r for r in results.values() if r["model"] is not None)
-                if relay is not None and final["rounds"] == target:
+                # Stopped before the last round on the driver's request: replacements
+                # join, drained actors leave, and training goes on. Stopped by the job's
+                # own callbacks (early stopping): that is the result.
+                paused = final["rounds"] < target and any(
+                    r["asked_to_stop"] for r in results.values()
+                )
+                if relay is not None and not paused:
                     relay.finish(final["rounds"], final["evals_result"], final["model"])
-                if final["rounds"] < target:  # stopped early: replacements join, drained leave
+                if paused:
                     start = (final["rounds"], final["model"])
                     _merge(history, final["evals_result"], done_rounds - base_rounds)
                     if leaving:
@@ -368,6 +374,8 @@ class _TuneRelay:
     def finish(self, rounds: int, evals_result: dict[str, Any], model: bytes) -> None:
         values = {f"{d}-{m}": v[-1] for d, ms in evals_result.items() for m, v in ms.items()}
         wants_model = any(r.checkpoint_every for r in self.reporters)
+        if rounds <= self.reported and not wants_model:  # early stop at a passed-on round
+            return
         for reporter in self.reporters:
             reporter.report(rounds, values, model if wants_model else None)
         self.reported = rounds
