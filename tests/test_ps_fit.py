@@ -82,6 +82,32 @@ def test_parameter_server_plan_equals_one_process(ray_cluster, tmp_path):
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == STEPS
 
 
+MARKED = GlobalBatchSampler(256, BATCH, 3).shard_indices(1, 0, 2)[0]  # step 1, rank 0
+
+
+def marked_clicks() -> TensorDataset:
+    """``clicks`` with one sample's target set to -1: only rank 0 meets it, at step 1."""
+    ids, targets = clicks().tensors
+    targets = targets.clone()
+    targets[MARKED] = -1.0
+    return TensorDataset(ids, targets)
+
+
+def picky_bce(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    if (targets < 0).any():
+        raise ValueError("a target below 0 reached the loss")
+    return bce(outputs, targets)
+
+
+def test_a_worker_failing_mid_run_stops_the_run_with_its_error(ray_cluster, tmp_path):
+    """Rank 0 fails at step 1 while rank 1 goes on to wait for it at the next clock's
+    barrier: fit raises rank 0's error (it used to wait forever) and stops the run."""
+    job = ctr_job(dataset=marked_clicks, loss=picky_bce)
+    plan = Plan(mesh=Mesh(dp=2), microbatch_size=BATCH // 2, grad_sync=GradSync.PARAMETER_SERVER)
+    with pytest.raises(ValueError, match="a target below 0 reached the loss"):
+        fit(job, workers=2, plan=plan, run_dir=tmp_path, progress=False)
+
+
 def test_the_planner_chooses_servers_for_a_dominant_table_and_fit_runs_them(
     ray_cluster, tmp_path, capsys
 ):

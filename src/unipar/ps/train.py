@@ -326,20 +326,37 @@ class PSRun:
         )
         del model, state
         self.config = config
-        budget = None
-        if shared_budget:
-            budget = ray.remote(_Budget).options(num_cpus=0).remote(steps * workers)
-        port = _free_port()
-        actor = ray.remote(PSWorker).options(num_cpus=0)
-        self.workers = [
-            actor.remote(r, workers, factory, self.parts, self.servers, config, dense_init, port)
-            for r in range(workers)
-        ]
-        # training time starts once every worker is up (processes, model, connections)
-        up = [w.ready.remote() for w in self.workers]
-        ray.get(up + [server.status.remote() for server in self.servers])
+        self.workers: list[Any] = []
+        self.budget = None
+        try:
+            if shared_budget:
+                self.budget = ray.remote(_Budget).options(num_cpus=0).remote(steps * workers)
+            port = _free_port()
+            actor = ray.remote(PSWorker).options(num_cpus=0)
+            self.workers = [
+                actor.remote(
+                    r, workers, factory, self.parts, self.servers, config, dense_init, port
+                )
+                for r in range(workers)
+            ]
+            # training time starts once every worker is up (processes, model, connections)
+            up = [w.ready.remote() for w in self.workers]
+            ray.get(up + [server.status.remote() for server in self.servers])
+        except BaseException:  # a worker failed to build: stop what was started
+            self.stop()
+            raise
         self.started = time.perf_counter()
-        self.refs = [w.run.remote(data, loss_fn, budget, steps, slowdown) for w in self.workers]
+        self.refs = [
+            w.run.remote(data, loss_fn, self.budget, steps, slowdown) for w in self.workers
+        ]
+
+    def stop(self) -> None:
+        """Stop the run's workers, servers and shared step budget."""
+        import ray
+
+        for handle in [*self.workers, *self.servers, self.budget]:
+            if handle is not None:
+                ray.kill(handle)
 
     def server_status(self) -> list[dict]:
         import ray
@@ -363,8 +380,7 @@ class PSRun:
             params.update(outs[0]["dense"])
             status = self.server_status()
         finally:
-            for handle in [*self.workers, *self.servers]:
-                ray.kill(handle)
+            self.stop()
         return PSResult(
             losses=[o["losses"] for o in outs],
             step_s=[o["step_s"] for o in outs],
