@@ -290,8 +290,15 @@ def _split_at_queries(qid: np.ndarray, n: int) -> list[slice]:
     starts = np.flatnonzero(np.diff(qid)) + 1  # where a new query begins
     if len(starts) + 1 < n:
         raise ConfigError(f"{len(starts) + 1} queries cannot be split over {n} actors")
+    # Each cut: the query start nearest its even share, after the previous cut and with
+    # a start left for every later one (n shards, none empty, however uneven the queries).
     ideal = [round(len(qid) * k / n) for k in range(1, n)]
-    cuts = sorted({int(starts[np.abs(starts - point).argmin()]) for point in ideal})
+    cuts, low = [], 0
+    for k, point in enumerate(ideal):
+        high = len(starts) - (len(ideal) - k)
+        i = low + int(np.abs(starts[low : high + 1] - point).argmin())
+        cuts.append(int(starts[i]))
+        low = i + 1
     bounds = [0, *cuts, len(qid)]
     return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
