@@ -146,10 +146,15 @@ def test_ssp_zero_equals_bsp(ray_cluster):
         assert torch.equal(ssp.params[name], value), name
 
 
-def test_sigkilled_server_is_restored_from_its_snapshot(ray_cluster, tmp_path):
+@pytest.mark.parametrize("mode", [Consistency.BSP, Consistency.ASP])
+def test_sigkilled_server_is_restored_from_its_snapshot(ray_cluster, tmp_path, mode):
     steps, every = 40, 5
     config = PSConfig(
-        2, optimizer=OptimizerSpec(lr=0.05), snapshot_dir=str(tmp_path), snapshot_every=every
+        2,
+        optimizer=OptimizerSpec(lr=0.05),
+        consistency=ConsistencySpec(mode),
+        snapshot_dir=str(tmp_path),
+        snapshot_every=every,
     )
     job = PSRun(
         factory,

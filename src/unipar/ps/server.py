@@ -99,7 +99,10 @@ class ParameterServer:
                 self._finish(worker, clock)
             elif not self.consistency.aggregates:
                 self._apply([push], scale=1.0 / self.num_workers)
+                newest = clock > self.applied  # ASP: the newest clock any worker pushed
                 self.applied = max(self.applied, clock)
+                if newest:
+                    self._maybe_snapshot()
                 self._finish(worker, clock)
             else:
                 self.pending.setdefault(clock, []).append(push)
