@@ -16,7 +16,14 @@ from sklearn.datasets import load_breast_cancer
 from sklearn.metrics import log_loss
 
 from unipar import ConfigError, ResourceError
-from unipar.xgboost import RayDMatrix, RayParams, predict, train
+from unipar.xgboost import (
+    DistributedCallback,
+    RayDMatrix,
+    RayParams,
+    RayXGBoostTrainingError,
+    predict,
+    train,
+)
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # callbacks run in actors
 
@@ -46,6 +53,20 @@ def synthetic():
     x = rng.normal(size=(40_000, 20))
     y = (x[:, 0] + 0.5 * x[:, 1] ** 2 + rng.normal(scale=0.5, size=len(x)) > 0.5).astype(float)
     return x, y
+
+
+class RefusesToStart(DistributedCallback):
+    def on_init(self, actor):  # type: ignore[no-untyped-def]
+        raise ValueError("this callback refuses to start")
+
+
+def test_an_actor_failing_to_start_names_its_error(ray_cluster, cancer):
+    """An actor whose constructor raises: the driver's error holds the actor's (it used
+    to say the actor did not start within 300 s, after at most a second)."""
+    x, y = cancer
+    rp = RayParams(num_actors=2, distributed_callbacks=[RefusesToStart()])
+    with pytest.raises(RayXGBoostTrainingError, match="this callback refuses to start"):
+        train(PARAMS, RayDMatrix(x, y), 2, ray_params=rp)
 
 
 @pytest.mark.parametrize("actors", [2, 1])

@@ -87,20 +87,29 @@ class Stream:
         return items
 
 
-def describe_all(actors: Sequence[Any], timeout_s: float) -> list[Member | None]:
-    """Members for ``actors`` once their constructors ran (``None`` for an actor that
-    died or did not start within ``timeout_s``)."""
+def describe_each(actors: Sequence[Any], timeout_s: float) -> list[Member | str]:
+    """Members for ``actors`` once their constructors ran; for an actor that died (its
+    constructor raised, its process was lost) or did not start within ``timeout_s``, why
+    (it is killed)."""
     refs = [actor.describe.remote() for actor in actors]
     ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    members: list[Member | None] = []
+    members: list[Member | str] = []
     for actor, ref in zip(actors, refs, strict=True):
         try:
             pid, node_ip, node_id = ray.get(ref, timeout=0)
             members.append(Member(actor, pid, node_ip, node_id))
-        except (GetTimeoutError, *PROCESS_LOST):
+        except GetTimeoutError:
             ray.kill(actor, no_restart=True)
-            members.append(None)
+            members.append(f"it did not start within {timeout_s:.0f} s")
+        except PROCESS_LOST as error:
+            ray.kill(actor, no_restart=True)
+            members.append(str(error))
     return members
+
+
+def describe_all(actors: Sequence[Any], timeout_s: float) -> list[Member | None]:
+    """:func:`describe_each` with ``None`` for the actors that did not start."""
+    return [m if isinstance(m, Member) else None for m in describe_each(actors, timeout_s)]
 
 
 def _collect_started(pending: list[tuple[Any, Any]]) -> tuple[list[Member], list[Any]]:

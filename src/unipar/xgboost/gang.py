@@ -18,7 +18,13 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from unipar.errors import ConfigError
 from unipar.ray_session import require_resources, reserve_bundles
-from unipar.runtime.gang import PROCESS_LOST, Member, Supervisor, describe_all, on_draining_nodes
+from unipar.runtime.gang import (
+    PROCESS_LOST,
+    Member,
+    Supervisor,
+    describe_each,
+    on_draining_nodes,
+)
 from unipar.xgboost.actor import XGBoostActor
 from unipar.xgboost.exceptions import RayXGBoostTrainingError
 from unipar.xgboost.matrix import RayDMatrix
@@ -61,12 +67,11 @@ class Gang:
             except BaseException:
                 self._kill(actors)
                 raise
-        for shard, member in zip(shards, describe_all(actors, START_TIMEOUT_S), strict=True):
-            if member is None:
+        for shard, member in zip(shards, describe_each(actors, START_TIMEOUT_S), strict=True):
+            if not isinstance(member, Member):
                 self._kill(actors)
                 raise RayXGBoostTrainingError(
-                    f"the actor for data shard {shard} did not start within "
-                    f"{START_TIMEOUT_S:.0f} s; see its log (ray logs) for the error",
+                    f"the actor for data shard {shard} did not start: {member}",
                     actor_rank=shard,
                 )
             self.members[shard] = member
