@@ -44,9 +44,7 @@ class Scheduler:
         self.runners: dict[int, Any] = {}
         self._polled: dict[int, float] = {}  # when each job's runner last answered
         self._costs: dict[int, tuple[list[float], list[float]]] = {}  # resize costs per job
-        # workers asked of Ray's autoscaler (0: none; None: not known, as in a scheduler
-        # that took over from a lost one: its request stands until replaced)
-        self.requested: int | None = None
+        self.requested = 0  # workers asked of Ray's autoscaler (0: none)
         self._lock = threading.RLock()  # the store and the runners, held briefly
         self._rounds = threading.Lock()  # one round at a time
         self._stop = threading.Event()
@@ -60,7 +58,7 @@ class Scheduler:
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "policy": self.policy_name.value,
                 "interval_s": self.interval_s, "state_dir": str(self.state_dir),
-                "requested": self.requested or 0}
+                "requested": self.requested}
 
     def submit(self, row: JobRow, job: bytes) -> int:
         with self._lock:
@@ -106,7 +104,6 @@ class Scheduler:
             for row in self.store.rows(JobState.QUEUED, JobState.RUNNING):
                 self._end(row, JobState.CANCELLED, "the service was stopped (unipar down)")
             self.store.close()
-        self._ask_autoscaler(0)
 
     def round_now(self) -> None:
         """One round at once (else every ``interval_s``, or at once after a submission)."""
@@ -156,6 +153,7 @@ class Scheduler:
                 self._apply(row, statuses[row.id])
         rows = self.store.rows(JobState.QUEUED, JobState.RUNNING)
         decided = targets(self.policy, rows, slots, now, self.interval_s, self.resize_cost())
+        self._autoscale(useful_workers(rows, now, sum(r.most for r in rows)), slots)
         for row in rows:
             count = decided.get(row.id, 0)
             if row.state is JobState.QUEUED and count > 0:
@@ -164,10 +162,6 @@ class Scheduler:
                 self.runners[row.id].set_target.remote(count, now)
                 self.store.update(row.id, target=count)
                 self.store.event(row.id, f"size {row.target} -> {count}")
-        # room for the useful workers where the cluster lacks it; withdrawn once it does not
-        # (the autoscaler then may scale down); after the sizes, which never wait on it
-        useful = useful_workers(rows, now, sum(r.most for r in rows))
-        self._ask_autoscaler(useful if useful > slots else 0)
 
     def resize_cost(self) -> ResizeCost:
         """What a grow costs on this cluster, from the resizes the runners measured."""
@@ -175,18 +169,15 @@ class Scheduler:
         pauses = [x for _, pauses in self._costs.values() for x in pauses]
         return ResizeCost.measured(latencies, pauses)
 
-    def _ask_autoscaler(self, workers: int) -> None:
-        """Room for ``workers`` one-CPU workers (0: withdraw), sent when it changes or is
-        not known (a request stands until the next one replaces it)."""
+    def _autoscale(self, useful: int, slots: int) -> None:
+        """Ask Ray's autoscaler for room for the useful workers when the cluster lacks
+        it; withdraw the request once it does not (the autoscaler then may scale down)."""
         from ray.autoscaler.sdk import request_resources
 
-        if workers != self.requested:
-            try:
-                request_resources(bundles=[{"CPU": 1.0}] * workers)
-            except Exception as error:  # asked again next round; jobs are sized meanwhile
-                print(f"unipar scheduler: autoscaler request failed: {error}", flush=True)
-                return
-            self.requested = workers
+        want = useful if useful > slots else 0
+        if want != self.requested:
+            request_resources(bundles=[{"CPU": 1.0}] * want)
+            self.requested = want
 
     def _statuses(self, rows: list[JobRow]) -> dict[int, Any]:
         """Each runner's status, asked of all at once; a runner that does not answer within
