@@ -349,6 +349,7 @@ class PSRun:
         self.refs = [
             w.run.remote(data, loss_fn, self.budget, steps, slowdown) for w in self.workers
         ]
+        self._running = list(self.refs)  # the workers not yet done
 
     def stop(self) -> None:
         """Stop the run's workers, servers and shared step budget."""
@@ -363,17 +364,29 @@ class PSRun:
 
         return ray.get([s.status.remote() for s in self.servers])
 
-    def result(self) -> PSResult:
-        """The run's outcome once every worker is done; the first worker error is raised
-        as soon as it comes (its peers may wait for it at a barrier). Workers and servers
-        are stopped either way."""
+    def poll(self, timeout_s: float | None = None) -> bool:
+        """Whether every worker is done, waiting up to ``timeout_s`` (None: no limit) for
+        one more. A worker's error is raised as soon as it comes (its peers may wait for
+        it at a barrier forever), and the run is stopped."""
         import ray
 
-        try:
-            pending = list(self.refs)
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1)
+        if self._running:
+            done, self._running = ray.wait(self._running, num_returns=1, timeout=timeout_s)
+            try:
                 ray.get(done)
+            except BaseException:
+                self.stop()
+                raise
+        return not self._running
+
+    def result(self) -> PSResult:
+        """The run's outcome once every worker is done (:meth:`poll`); workers and
+        servers are stopped either way."""
+        import ray
+
+        while not self.poll():
+            pass
+        try:
             outs = ray.get(self.refs)
             wall = time.perf_counter() - self.started
             params = self.gather()

@@ -307,12 +307,10 @@ class ElasticController:
                     stream.done = True
             # a moved size target, or joiners starting up, are looked at every poll
             # (not while the gang pauses: nothing is decided then)
-            if (
-                not dead
-                and not stop_requested
-                and (now >= next_check or self._most() != most or self.supervisor.pending)
-            ):
-                next_check, most = now + _CLUSTER_CHECK_S, self._most()
+            deciding = not dead and not stop_requested
+            target = self._most() if deciding else most
+            if deciding and (now >= next_check or target != most or self.supervisor.pending):
+                next_check, most = now + _CLUSTER_CHECK_S, target
                 leaving = on_draining_nodes(members)
                 excess = len(members) - most
                 if leaving:

@@ -49,11 +49,10 @@ def run_on_servers(
         snapshot_every=config.checkpoint_interval(job.steps),
     )
     bar = ProgressBar(job.steps, enabled=config.progress)
-    checked: set = set()
     try:
-        while not _finished(run.refs, 0.5, checked):
+        while not run.poll(0.5):  # raises a worker's error (and stops the run)
             bar.start_at(min(s["applied"] for s in run.server_status()))
-        result = run.result()  # raises a worker's error (and stops the run)
+        result = run.result()
     finally:
         bar.close()
     sample = job.dataset()[0][1]
@@ -63,20 +62,3 @@ def run_on_servers(
     model_path = directory / MODEL_FILE
     torch.save(result.params, model_path)
     return ServersOutcome(history, model_path, servers)
-
-
-def _finished(refs: list, timeout_s: float, checked: set) -> bool:
-    """Whether every worker has finished, or one failed (its peers may wait for it at a
-    barrier forever), waiting up to ``timeout_s``; ``checked``: the refs already seen
-    done without error."""
-    import ray
-
-    done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    for ref in done:
-        if ref not in checked:
-            try:
-                ray.get(ref)
-            except Exception:
-                return True
-            checked.add(ref)
-    return not pending
