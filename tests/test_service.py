@@ -70,6 +70,21 @@ def mlp_job(name: str, steps: int, seed: int, delay: float = 0.005) -> Job:
     )
 
 
+def _refuse_to_load() -> None:
+    raise RuntimeError("this dataset cannot be loaded in the runner")
+
+
+class Unloadable:
+    """A dataset factory that pickles on the client; unpickling it (in the job's runner)
+    raises."""
+
+    def __call__(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("never built: the runner cannot load the job")
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_refuse_to_load, ())
+
+
 def _row(job_id: int, state: JobState, **fields) -> JobRow:  # type: ignore[no-untyped-def]
     base = dict(id=job_id, name="mlp", user="u", priority=0, deadline=None, least=1, most=4,
                 sizes=(1, 2, 4), batch=8, steps=100, state=state, submitted=float(job_id))
@@ -92,6 +107,20 @@ def test_rounds_share_and_give_back():
     # a size the job's batch cannot split over is never handed out
     assert set(targets(ours, [_row(3, JobState.QUEUED, sizes=(1, 2, 4))], 3, 0, 1).values()) \
         == {2}
+
+
+def test_a_job_whose_least_size_is_above_one_starts():
+    """The goodput policy gives a job it has not seen run one worker; a job that takes
+    no fewer than 2 (or 4) starts on its least size all the same, not queued forever."""
+    ours = make_policy(PolicyName.UNIPAR)
+    for least in (2, 4):
+        job = _row(1, JobState.QUEUED, least=least, most=least, sizes=(least,))
+        assert targets(ours, [job], 4, 10.0, 1.0) == {1: least}
+    running = _row(1, JobState.RUNNING, started=1.0, target=2, workers=2, step=10,
+                   max_seen=2, least=2, most=2, sizes=(2,), step_times={2: (10, 1.0)})
+    fixed = _row(2, JobState.QUEUED, least=2, most=2, sizes=(2,))
+    assert targets(ours, [running, fixed], 4, 10.0, 1.0) == {1: 2, 2: 2}
+    assert targets(ours, [running, fixed], 3, 10.0, 1.0) == {1: 2, 2: 0}  # no room: waits
 
 
 def test_a_running_job_grows_only_when_the_resize_pays():
@@ -240,9 +269,12 @@ def shared_run(ray_cluster, tmp_path_factory):  # type: ignore[no-untyped-def]
         client.cancel(999)
     with pytest.raises(ConfigError, match="already ended"):
         client.cancel(a.id)
+    broken = replace(mlp_job("job-c", 10, seed=2), dataset=Unloadable())
+    unloadable = client.submit(broken, workers=(1, 4)).wait(timeout_s=60)
     client.down()
     yield dict(jobs=jobs, handles=(a, b), shrunk=shrunk, running=running, done=done,
-               history=history, rows=rows, restarted=restarted, log_b=log_b)
+               history=history, rows=rows, restarted=restarted, log_b=log_b,
+               unloadable=unloadable)
 
 
 def test_jobs_share_the_cluster_and_match_their_runs_alone(shared_run):
@@ -268,6 +300,13 @@ def test_jobs_share_the_cluster_and_match_their_runs_alone(shared_run):
             torch.set_num_threads(threads)
         torch.testing.assert_close(torch.tensor([r["loss"] for r in records]),
                                    torch.tensor(alone), rtol=1e-5, atol=1e-6)
+
+
+def test_a_job_whose_runner_cannot_start_fails_with_the_reason(shared_run):
+    row = shared_run["unloadable"]
+    assert row.state is JobState.FAILED
+    assert "its runner could not start" in row.error
+    assert "RuntimeError: this dataset cannot be loaded in the runner" in row.error
 
 
 def test_a_killed_scheduler_comes_back_and_adopts_the_running_jobs(shared_run):

@@ -198,6 +198,8 @@ def targets(
     for r in order:  # running jobs first, then the queue in order
         sizes = usable[r.id]
         count = _down_to(sizes, wanted.get(r.id, 0))
+        if r.target == 0 and wanted.get(r.id, 0) > 0 and sizes:  # started: its least size
+            count = max(count, sizes[0])
         if r.target > 0:  # a running job keeps at least its least size
             count = max(count, sizes[0] if sizes else r.target)
             count = min(count, r.target)  # grows: below, shortest remaining first

@@ -45,7 +45,11 @@ class JobRunner:
     """The Ray actor (see the module's docstring). ``job``: the pickled Job."""
 
     def __init__(self, job_id: int, job: bytes, options: dict[str, Any], run_dir: str,
-                 log_path: str, target: int, decided: float) -> None:
+                 log_path: str, target: int, decided: float, workers: tuple[int, int]) -> None:
+        """Starts training on ``workers`` (least, most), bounded by the size target, in a
+        thread: a call to start it would be owned by the scheduler that made it, and lost
+        with that scheduler's process if it died before the runner's process was up (the
+        runner is detached; its creation outlives its creator)."""
         import ray.cloudpickle
 
         self.job_id = job_id
@@ -60,13 +64,8 @@ class JobRunner:
         self._raised_at: float | None = None  # monotonic time the target rose past the gang
         self._last_step_at: float | None = None  # unix time the last step finished
         self._paused_since: float | None = None  # ... the last step before a resize
-        self._thread: threading.Thread | None = None
-
-    def start(self, workers: tuple[int, int]) -> None:
-        """Train on ``workers`` (least, most), bounded by the size target (once)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, args=(workers,), daemon=True)
-            self._thread.start()
+        self._thread = threading.Thread(target=self._run, args=(workers,), daemon=True)
+        self._thread.start()
 
     def set_target(self, target: int, decided: float) -> None:
         """The scheduler's size, chosen at ``decided`` (unix seconds): the actor runs calls

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +183,7 @@ class Scheduler:
     def _statuses(self, rows: list[JobRow]) -> dict[int, Any]:
         """Each runner's status, asked of all at once; a runner that does not answer within
         a round's interval (its process still starting) is asked again next round, one
-        whose process is gone maps to ``None``."""
+        whose process is gone maps to :class:`RunnerLost` (why, when Ray says)."""
         asked: dict[int, Any] = {}
         out: dict[int, Any] = {}
         for row in rows:
@@ -193,7 +194,7 @@ class Scheduler:
                     self.runners.setdefault(row.id, runner)
                 asked[row.id] = runner.status.remote()
             except ValueError:
-                out[row.id] = None
+                out[row.id] = RunnerLost("its runner process was lost")
         if asked:
             ray.wait(list(asked.values()), num_returns=len(asked),
                      timeout=min(STATUS_TIMEOUT_S, max(self.interval_s, 0.5)))
@@ -202,14 +203,14 @@ class Scheduler:
                 continue
             try:
                 out[job_id] = ray.get(ref)
-            except PROCESS_LOST:
-                out[job_id] = None
+            except PROCESS_LOST as error:
+                out[job_id] = RunnerLost.of(error)
         return out
 
     def _apply(self, row: JobRow, status: Any) -> None:
-        """Record a runner's status (``None``: its process is lost)."""
-        if status is None:
-            self._end(row, JobState.FAILED, "its runner process was lost")
+        """Record a runner's status, or that it is lost."""
+        if isinstance(status, RunnerLost):
+            self._end(row, JobState.FAILED, f"failed: {status.reason}", error=status.reason)
             return
         now = time.time()
         last = self._polled.get(row.id, now - self.interval_s)
@@ -239,9 +240,9 @@ class Scheduler:
             ray.remote(JobRunner)
             .options(name=row.runner, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
                      max_concurrency=4, scheduling_strategy=here())
-            .remote(row.id, job, options, row.run_dir, str(log), count, time.time())
+            .remote(row.id, job, options, row.run_dir, str(log), count, time.time(),
+                    (sizes[0], sizes[-1]))
         )
-        runner.start.remote((sizes[0], sizes[-1]))
         self.runners[row.id] = runner
         self.store.update(row.id, state=JobState.RUNNING, started=time.time(), target=count)
         self.store.event(row.id, f"started on {count} workers")
@@ -266,6 +267,23 @@ class Scheduler:
 
     def _log_path(self, job_id: int) -> Path:
         return self.state_dir / "logs" / f"{job_id}.log"
+
+
+@dataclass(frozen=True)
+class RunnerLost:
+    """A job's runner that no longer answers, and why."""
+
+    reason: str
+
+    @classmethod
+    def of(cls, error: BaseException) -> RunnerLost:
+        """From Ray's error: a constructor that raised (the job could not be unpickled,
+        say) gives its exception's last line; else the process was lost."""
+        text = str(error)
+        if "creation task" in text:
+            last = [line for line in text.splitlines() if line.strip()][-1].strip()
+            return cls(f"its runner could not start: {last}")
+        return cls("its runner process was lost")
 
 
 def _load(blob: bytes) -> tuple[bytes, dict[str, Any]]:
