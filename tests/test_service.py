@@ -175,6 +175,35 @@ def test_autoscaler_request_counts_the_workers_that_pay_off():
     assert useful_workers([], 0.0, 16) == 0
 
 
+def test_the_autoscaler_request_is_withdrawn_at_down_and_after_a_takeover(ray_cluster, tmp_path):
+    """A request to Ray's autoscaler stands until replaced: ``unipar down`` withdraws it,
+    and so does a scheduler that took over from a lost one (which did not know it)."""
+    import json
+
+    from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    from unipar.service.scheduler import Scheduler
+
+    def requested() -> int:
+        raw = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
+        return len(json.loads(raw)) if raw else 0
+
+    first = Scheduler(str(tmp_path / "a"), "unipar", 600.0)
+    first._ask_autoscaler(8)
+    assert requested() == 8
+    first.shutdown()
+    assert requested() == 0
+    lost = Scheduler(str(tmp_path / "b"), "unipar", 600.0)
+    lost._ask_autoscaler(8)
+    lost._stop.set()  # its process is gone: nothing withdraws its request
+    lost._wake.set()
+    successor = Scheduler(str(tmp_path / "b"), "unipar", 600.0)
+    successor.round_now()  # no job: nothing pays off
+    assert requested() == 0
+    successor.shutdown()
+
+
 def test_worker_sizes_and_deadlines():
     assert worker_sizes(1, 8, 12) == (1, 2, 3, 4, 6)
     with pytest.raises(ConfigError, match="divides the global batch 7"):

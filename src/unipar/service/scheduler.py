@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.autoscaler.sdk import request_resources
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from unipar.errors import ConfigError
@@ -30,6 +31,7 @@ from unipar.service.state import JobRow, JobState, Store
 NAMESPACE = "unipar"
 SCHEDULER_NAME = "unipar-scheduler"
 STATUS_TIMEOUT_S = 10.0
+AUTOSCALER_REQUEST = "autoscaler_request"  # the store's key for the standing request
 
 
 class Scheduler:
@@ -45,7 +47,10 @@ class Scheduler:
         self.runners: dict[int, Any] = {}
         self._polled: dict[int, float] = {}  # when each job's runner last answered
         self._costs: dict[int, tuple[list[float], list[float]]] = {}  # resize costs per job
-        self.requested = 0  # workers asked of Ray's autoscaler (0: none)
+        # workers asked of Ray's autoscaler (0: none), kept in the store: a request stands
+        # until replaced, so a scheduler that takes over from a lost one withdraws its
+        # predecessor's when it is no longer useful
+        self.requested = int(self.store.setting(AUTOSCALER_REQUEST) or 0)
         self._lock = threading.RLock()  # the store and the runners, held briefly
         self._rounds = threading.Lock()  # one round at a time
         self._stop = threading.Event()
@@ -104,6 +109,7 @@ class Scheduler:
         with self._lock:
             for row in self.store.rows(JobState.QUEUED, JobState.RUNNING):
                 self._end(row, JobState.CANCELLED, "the service was stopped (unipar down)")
+            self._ask_autoscaler(0)
             self.store.close()
 
     def round_now(self) -> None:
@@ -154,7 +160,6 @@ class Scheduler:
                 self._apply(row, statuses[row.id])
         rows = self.store.rows(JobState.QUEUED, JobState.RUNNING)
         decided = targets(self.policy, rows, slots, now, self.interval_s, self.resize_cost())
-        self._autoscale(useful_workers(rows, now, sum(r.most for r in rows)), slots)
         for row in rows:
             count = decided.get(row.id, 0)
             if row.state is JobState.QUEUED and count > 0:
@@ -163,6 +168,10 @@ class Scheduler:
                 self.runners[row.id].set_target.remote(count, now)
                 self.store.update(row.id, target=count)
                 self.store.event(row.id, f"size {row.target} -> {count}")
+        # room for the useful workers where the cluster lacks it; withdrawn once it does not
+        # (the autoscaler then may scale down); after the sizes, which never wait on it
+        useful = useful_workers(rows, now, sum(r.most for r in rows))
+        self._ask_autoscaler(useful if useful > slots else 0)
 
     def resize_cost(self) -> ResizeCost:
         """What a grow costs on this cluster, from the resizes the runners measured."""
@@ -170,15 +179,17 @@ class Scheduler:
         pauses = [x for _, pauses in self._costs.values() for x in pauses]
         return ResizeCost.measured(latencies, pauses)
 
-    def _autoscale(self, useful: int, slots: int) -> None:
-        """Ask Ray's autoscaler for room for the useful workers when the cluster lacks
-        it; withdraw the request once it does not (the autoscaler then may scale down)."""
-        from ray.autoscaler.sdk import request_resources
-
-        want = useful if useful > slots else 0
-        if want != self.requested:
-            request_resources(bundles=[{"CPU": 1.0}] * want)
-            self.requested = want
+    def _ask_autoscaler(self, workers: int) -> None:
+        """Room for ``workers`` one-CPU workers (0: withdraw), sent when it changes (a
+        request stands until the next one replaces it)."""
+        if workers != self.requested:
+            try:
+                request_resources(bundles=[{"CPU": 1.0}] * workers)
+            except Exception as error:  # asked again next round; jobs are sized meanwhile
+                print(f"unipar scheduler: autoscaler request failed: {error}", flush=True)
+                return
+            self.requested = workers
+            self.store.set_setting(AUTOSCALER_REQUEST, str(workers))
 
     def _statuses(self, rows: list[JobRow]) -> dict[int, Any]:
         """Each runner's status, asked of all at once; a runner that does not answer within
