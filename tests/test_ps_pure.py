@@ -130,3 +130,26 @@ def test_nothing_worth_serving():
         check_worth_serving(dense, serve_dense=True)
     with pytest.raises(ConfigError, match="touched_fraction must be in"):
         SparseWorkload(10, 2, 0, 1.5, workers=2)
+
+
+def test_a_restored_server_does_not_wait_for_a_worker_that_had_left(tmp_path):
+    """BSP, 2 workers: worker 1 finished and left; the server is restored from its
+    snapshot; worker 0's next clock is applied without waiting for worker 1."""
+    from unipar.ps.server import ParameterServer, Push
+
+    def server() -> ParameterServer:
+        return ParameterServer(0, {"w": torch.zeros(3)}, set(), OptimizerSpec(lr=0.1),
+                               ConsistencySpec(), 2, str(tmp_path / "server.pt"), 1)
+
+    grad = Push(dense={"w": torch.ones(3)}, rows={})
+    first = server()
+    first.push(0, 1, grad)
+    first.push(1, 1, grad)
+    first.leave(1)
+    first.push(0, 2, grad)
+    assert first.applied == 2  # snapshot at clock 2
+    restored = server()
+    assert restored.restored_from == 2
+    restored.push(0, 3, grad)
+    assert restored.applied == 3
+    torch.testing.assert_close(restored.state()["w"], torch.full((3,), -0.3))

@@ -176,6 +176,60 @@ def test_killed_actor(ray_cluster, synthetic, tmp_path, mode):
     assert abs(ours / reference - 1) <= FAULT_TOLERANCE
 
 
+class KillWhileLoading:
+    """A DistributedCallback that SIGKILLs the actor of data shard 1 as it starts loading
+    its data, once per marker file."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def on_init(self, actor):
+        pass
+
+    def before_data_loading(self, actor, data):
+        if actor.rank == 1 and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def after_data_loading(self, actor, data):
+        pass
+
+    def before_train(self, actor):
+        pass
+
+    def after_train(self, actor, result):
+        pass
+
+    def before_predict(self, actor):
+        pass
+
+    def after_predict(self, actor, predictions):
+        pass
+
+
+def test_an_actor_killed_while_loading_is_replaced_when_restarts_are_allowed(
+    ray_cluster, cancer, tmp_path
+):
+    from unipar.xgboost import DistributedCallback
+
+    x, y = cancer
+    kill = type("Kill", (KillWhileLoading, DistributedCallback), {})
+    extra = {}
+    ray_params = RayParams(
+        num_actors=2, max_actor_restarts=1, distributed_callbacks=[kill(str(tmp_path / "a"))]
+    )
+    booster = train(PARAMS, RayDMatrix(x, y), 10, ray_params=ray_params,
+                    additional_results=extra)
+    assert (tmp_path / "a").exists(), "the actor was never killed"
+    assert booster.num_boosted_rounds() == 10
+    assert extra["failures"] == 1 and extra["restarts"] == 1 and extra["total_n"] == len(x)
+    no_restarts = RayParams(
+        num_actors=2, max_actor_restarts=0, distributed_callbacks=[kill(str(tmp_path / "b"))]
+    )
+    with pytest.raises(RayXGBoostTrainingError, match=r"shards \[1\] died while loading"):
+        train(PARAMS, RayDMatrix(x, y), 10, ray_params=no_restarts)
+
+
 def test_elastic_training_that_loses_its_only_actor_waits_for_the_replacement(
     ray_cluster, synthetic, tmp_path
 ):

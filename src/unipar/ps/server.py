@@ -14,6 +14,7 @@ holds is dropped: the applied clock is still ``min(done)``.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ import torch
 
 from unipar.ps.consistency import ConsistencySpec, may_read
 from unipar.ps.optim import OptimizerSpec, ShardOptimizer
+
+LEFT = 2**62  # the clock of a worker that has stopped: no clock waits for it
 
 
 @dataclass(frozen=True)
@@ -110,10 +113,20 @@ class ParameterServer:
             self.cond.notify_all()
 
     def leave(self, worker: int) -> None:
-        """``worker`` has stopped: no clock waits for it any more."""
+        """``worker`` has stopped: no clock waits for it any more (kept beside the
+        snapshot, so a restored server does not wait for it either)."""
         with self.cond:
-            self._finish(worker, 2**62)
+            self._finish(worker, LEFT)
+            if self.snapshot_path:
+                left = [w for w, clock in enumerate(self.done) if clock == LEFT]
+                tmp = Path(self._left_path() + ".tmp")
+                tmp.write_text(json.dumps(left))
+                os.replace(tmp, self._left_path())
             self.cond.notify_all()
+
+    def _left_path(self) -> str:
+        assert self.snapshot_path is not None
+        return self.snapshot_path + ".left"
 
     def _finish(self, worker: int, clock: int) -> None:
         """Record that ``worker`` is done with ``clock``; apply every complete clock."""
@@ -124,7 +137,7 @@ class ParameterServer:
         for c in sorted(k for k in self.pending if k <= ready):
             pushes = self.pending.pop(c)
             self._apply(pushes, scale=1.0 / len(pushes))
-        if ready > self.applied and ready < 2**62:
+        if ready > self.applied and ready < LEFT:
             self.applied = ready
             self._maybe_snapshot()
             self.cond.notify_all()
@@ -173,3 +186,6 @@ class ParameterServer:
         self.optimizer.load_state_dict(saved["optimizer"])
         self.applied = self.snapshot_clock = self.restored_from = saved["clock"]
         self.done = [self.applied] * self.num_workers
+        if os.path.exists(self._left_path()):
+            for worker in json.loads(Path(self._left_path()).read_text()):
+                self.done[worker] = LEFT

@@ -42,6 +42,7 @@ from unipar.xgboost.gang import (
     Gang,
     admit_loaded,
     leave_draining,
+    load_shards,
     newest_checkpoint,
     replace_actors,
     resolve_params,
@@ -246,14 +247,9 @@ def _train(
             refs += [actor.load.remote(name, m, s[index]) for m, name, s in eval_shards]
             return refs
 
-        loading = [load_refs(i, a) for i, a in gang.actors.items()]
-        try:
-            rows = sum(ray.get([refs[0] for refs in loading]))
-            ray.get([ref for refs in loading for ref in refs[1:]])
-        except RayTaskError as error:
-            raise RayXGBoostTrainingError(
-                f"an actor failed while loading its data: {error}"
-            ) from error
+        allowed = rp.max_failed_actors if rp.elastic_training else rp.max_actor_restarts
+        loaded = load_shards(gang, sorted(gang.members), load_refs, allowed)
+        rows = loaded.rows
         start: tuple[int, bytes] | None = None
         if xgb_model is not None:
             start = (xgb_model.num_boosted_rounds(), bytes(xgb_model.save_raw("ubj")))
@@ -261,7 +257,7 @@ def _train(
         target = base_rounds + rounds
         relay = _TuneRelay(reporters, target) if reporters else None
         history: dict[str, Any] = {}
-        failures = restarts = lost = 0
+        failures, restarts, lost = loaded.failures, loaded.restarts, loaded.failures
         training_started = time.perf_counter()
         say("[RayXGBoost] Starting XGBoost training.")
         while True:

@@ -226,7 +226,57 @@ def replace_actors(
                 )
         return
     gang.start(shards)
-    ray.get([ref for index in shards for ref in load_refs(index, gang.members[index].actor)])
+    load_shards(gang, shards, load_refs, rp.max_actor_restarts)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What loading the members' data took: their training rows, the members whose
+    process died while loading (replaced), and how many times that happened."""
+
+    rows: int
+    failures: int
+    restarts: int
+
+
+def load_shards(
+    gang: Gang,
+    shards: list[int],
+    load_refs: Callable[[int, Any], list[Any]],
+    restarts_allowed: int,
+) -> Loaded:
+    """The members of ``shards`` read their data; a member whose process dies while
+    loading is replaced and its shard read again, at most ``restarts_allowed`` times
+    (-1: no limit), as a death while training is (XGBoost-Ray's ``max_actor_restarts``)."""
+    rows: dict[int, int] = {}
+    failures = restarts = 0
+    todo = sorted(shards)
+    while todo:
+        refs = {index: load_refs(index, gang.members[index].actor) for index in todo}
+        dead = []
+        for index, shard_refs in refs.items():
+            try:
+                rows[index] = ray.get(shard_refs)[0]
+            except PROCESS_LOST:
+                dead.append(index)
+            except RayTaskError as error:
+                raise RayXGBoostTrainingError(
+                    f"the actor for data shard {index} failed while loading its data: {error}",
+                    actor_rank=index,
+                ) from error
+        if dead:
+            failures, restarts = failures + len(dead), restarts + 1
+            if 0 <= restarts_allowed < restarts:
+                raise RayXGBoostTrainingError(
+                    f"the actors for data shards {dead} died while loading their data; "
+                    f"restarts: {restarts}, more than the {restarts_allowed} allowed; raise "
+                    "max_actor_restarts (-1: no limit), or check the actors' logs and memory"
+                )
+            log.warning("actors %s died while loading their data; replacing them", dead)
+            Supervisor.kill([gang.members.pop(index) for index in dead])
+            gang.start(dead)
+        todo = dead
+    return Loaded(sum(rows.values()), failures, restarts)
 
 
 def leave_draining(gang: Gang, training: list[Member]) -> None:
