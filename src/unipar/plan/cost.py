@@ -1,4 +1,5 @@
-"""The cost model: predicted step time and memory per device of a plan. Pure arithmetic.
+"""The cost model: predicted step time and memory per device of a plan (the memory
+arithmetic is :mod:`unipar.plan.memory`). Pure arithmetic.
 
 Sources of the formulas:
 - compute: FLOPs over peak x GEMM efficiency, plus a fixed cost per op; memory-bound ops
@@ -14,10 +15,8 @@ Sources of the formulas:
 - pipeline: (m + (p-1)/v) microbatch times for 1F1B with v virtual stages, (m + p - 1)
   for GPipe (Narayanan et al. 2021, Sec. 2.2); in-flight microbatches p for 1F1B,
   p(1 + (p-1)/(pv)) interleaved, m for GPipe;
-- memory: mixed-precision Adam keeps 2 + 2 + 12 bytes per parameter (weights, gradients,
-  fp32 master, momentum, variance), divided by the axes that shard each (ZeRO,
-  Rajbhandari et al. 2020); ZeRO-3 gathers weights in forward and backward (1.5x the
-  all-reduce traffic);
+- ZeRO-3 gathers weights in forward and backward (1.5x the all-reduce traffic)
+  (Rajbhandari et al. 2020);
 - data-parallel gradient sync overlaps with the backward of the last microbatch where the
   device computes and communicates at once (GPUs; not one-thread CPU workers) (DDP's
   bucketed all-reduce, Li et al. 2020);
@@ -54,7 +53,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from unipar.analysis.profile import LayerKind, LayerProfile, ModelProfile
-from unipar.cluster.spec import GIB, AttentionKernel, ClusterSpec, LinkSpec
+from unipar.cluster.spec import AttentionKernel, ClusterSpec, LinkSpec
+from unipar.plan.memory import (
+    MemoryBreakdown,
+    RankLoads,
+    in_flight_microbatches,
+    op_level_saved_elems,
+    rank_memory,
+)
 from unipar.plan.representation import (
     Mesh,
     MeshAxis,
@@ -64,7 +70,6 @@ from unipar.plan.representation import (
     TensorParallelStyle,
 )
 
-OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master weights, Adam momentum and variance
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
 ADAM_STEP_BYTES_PER_PARAM = 30  # read weights, grads, master, m, v; write weights, master, m, v
 _AXIS_ORDER = (MeshAxis.TP, MeshAxis.CP, MeshAxis.FSDP, MeshAxis.DP, MeshAxis.PP)  # innermost first
@@ -94,25 +99,6 @@ class TimeBreakdown:
             + self.p2p_s
             + self.grad_sync_s
             + self.optimizer_s
-        )
-
-
-@dataclass(frozen=True)
-class MemoryBreakdown:
-    weights_gib: float
-    gradients_gib: float
-    optimizer_gib: float
-    activations_gib: float
-    reserved_gib: float
-
-    @property
-    def total_gib(self) -> float:
-        return (
-            self.weights_gib
-            + self.gradients_gib
-            + self.optimizer_gib
-            + self.activations_gib
-            + self.reserved_gib
         )
 
 
@@ -235,19 +221,6 @@ def _forward_time(
     return gemm + memory + ops * device.kernel_overhead_s
 
 
-def op_level_saved_elems(layer: LayerProfile) -> tuple[float, float]:
-    """(sharded, replicated) elements per sample a layer keeps for backward under
-    ``selective_op``: a block keeps its input, its attention output and the outputs of
-    its odd products (each product's output taken as half the activation elements it
-    reads and writes: exact for square products, and for the MLP's up and down
-    projections together); other layers keep what they keep without recompute."""
-    if layer.kind is not LayerKind.BLOCK:
-        return layer.saved_elems_sharded, layer.saved_elems_replicated
-    products = sum(act / 2 for _, act, _ in layer.matmuls[0::2])
-    attention_output = layer.output_elems if layer.attention_matmuls else 0.0
-    return products + attention_output, layer.output_elems
-
-
 def attention_time(
     layer: LayerProfile, samples: float, plan: Plan, cluster: ClusterSpec, causal: bool
 ) -> float:
@@ -342,90 +315,6 @@ def layer_time(
         kv_passes = 1 + 2 + attention_recomputed(plan, cluster.device.attention)
         comm += max(0.0, kv_passes * step - attention / cp)
     return compute, comm
-
-
-def rank_memory(
-    loads: RankLoads, plan: Plan, cluster: ClusterSpec, in_flight: float
-) -> MemoryBreakdown:
-    """Memory of the pipeline rank that needs the most."""
-    mesh, device = plan.mesh, cluster.device
-    bpe, b, tp = device.bytes_per_element, plan.microbatch_size / mesh.cp, mesh.tp
-    sp = tp if plan.sequence_parallel else 1
-    # Scores are stored only by the math path without selective recompute.
-    op_level = plan.recompute is Recompute.SELECTIVE_OP
-    scores = device.attention is AttentionKernel.MATH and not (
-        op_level or plan.recompute is Recompute.SELECTIVE
-    )
-    saved = loads.saved_sharded / tp + loads.saved_replicated / sp
-    if scores:
-        saved = saved + loads.saved_attention / tp
-    activations = saved * b * bpe * in_flight
-    # One layer's activations exist while it recomputes.
-    largest = (
-        loads.layer_saved_sharded / tp
-        + loads.layer_saved_replicated / sp
-        + (loads.layer_saved_attention / tp if scores else 0)
-    ).max(axis=1)
-    if op_level:
-        kept = loads.op_saved_sharded / tp + loads.op_saved_replicated / sp
-        activations = (kept * in_flight + largest) * b * bpe
-    if plan.recompute is Recompute.FULL:
-        # A recomputing layer keeps its input. The share 1 - f of layers that do not
-        # recompute keep their activations.
-        f = plan.recomputed_fraction
-        kept = (loads.kept_inputs / sp * in_flight + largest) * b * bpe
-        activations = f * kept + (1 - f) * activations
-    zero3 = mesh.fsdp > 1 and plan.reshard_after_forward
-    optimizer_shards = mesh.fsdp * (mesh.dp * mesh.cp if plan.distributed_optimizer else 1)
-    per_param = (
-        bpe / (mesh.fsdp if zero3 else 1)
-        + bpe / mesh.fsdp
-        + OPTIMIZER_BYTES_PER_PARAM / optimizer_shards
-    )
-    # Sharded weights and gradients exist whole for the layer at work: ZeRO-3 holds the
-    # gathered weights of the current and the prefetched layer, and with any sharding
-    # one layer's full gradient waits for its reduce-scatter.
-    largest_layer = loads.layer_params.max(axis=1) / tp * bpe
-    working = largest_layer * ((2 if zero3 else 0) + (1 if mesh.fsdp > 1 else 0))
-    totals = loads.params / tp * per_param + activations + working
-    rank = int(np.argmax(totals))
-    params = float(loads.params[rank]) / tp
-    return MemoryBreakdown(
-        weights_gib=(params * bpe / (mesh.fsdp if zero3 else 1) + float(working[rank])) / GIB,
-        gradients_gib=params * bpe / mesh.fsdp / GIB,
-        optimizer_gib=params * OPTIMIZER_BYTES_PER_PARAM / optimizer_shards / GIB,
-        activations_gib=float(activations[rank]) / GIB,
-        reserved_gib=device.reserved_gib,
-    )
-
-
-def in_flight_microbatches(plan: Plan) -> float:
-    p, m, v = plan.mesh.pp, plan.num_microbatches, plan.virtual_stages
-    if p == 1:
-        return 1.0
-    if plan.schedule is PipelineSchedule.GPIPE:
-        return float(m)
-    if plan.schedule is PipelineSchedule.INTERLEAVED_1F1B:
-        return min(m * v, p * (1 + (p - 1) / (p * v)))
-    return float(min(m, p))
-
-
-@dataclass(frozen=True)
-class RankLoads:
-    """What each pipeline rank holds, as arrays over ranks (rows) for fast estimates."""
-
-    counts: np.ndarray  # [ranks, distinct layers]: how many of each layer
-    params: np.ndarray  # [ranks]
-    kept_inputs: np.ndarray  # [ranks]: each layer's input, kept under full recompute
-    saved_sharded: np.ndarray  # [ranks]: elements saved for backward
-    saved_replicated: np.ndarray
-    saved_attention: np.ndarray  # scores, stored by the math path only
-    op_saved_sharded: np.ndarray  # [ranks]: kept under op-level selective recompute
-    op_saved_replicated: np.ndarray
-    layer_params: np.ndarray  # [ranks, distinct layers], 0 where absent
-    layer_saved_sharded: np.ndarray
-    layer_saved_replicated: np.ndarray
-    layer_saved_attention: np.ndarray
 
 
 class CostModel:
