@@ -121,6 +121,15 @@ def test_a_job_whose_least_size_is_above_one_starts():
     fixed = _row(2, JobState.QUEUED, least=2, most=2, sizes=(2,))
     assert targets(ours, [running, fixed], 4, 10.0, 1.0) == {1: 2, 2: 2}
     assert targets(ours, [running, fixed], 3, 10.0, 1.0) == {1: 2, 2: 0}  # no room: waits
+    # a busy cluster: two running jobs hold every worker; the policy starts B, and they
+    # shrink toward their least sizes to make the room B's least size needs
+    times = {4: (10, 0.4)}
+    a = _row(1, JobState.RUNNING, started=1.0, target=4, workers=4, max_seen=4, steps=100,
+             step=10, step_times=times)
+    c = _row(3, JobState.RUNNING, started=2.0, target=4, workers=4, max_seen=4, steps=100,
+             step=10, step_times=times)
+    b = _row(2, JobState.QUEUED, least=4, most=4, sizes=(4,))
+    assert targets(ours, [a, b, c], 8, 10.0, 1.0) == {1: 2, 2: 4, 3: 2}
 
 
 def test_a_running_job_grows_only_when_the_resize_pays():
@@ -202,6 +211,53 @@ def test_the_autoscaler_request_is_withdrawn_at_down_and_after_a_takeover(ray_cl
     successor.round_now()  # no job: nothing pays off
     assert requested() == 0
     successor.shutdown()
+
+
+class StandInRunner:
+    """Answers as a runner that is still starting (no steps yet)."""
+
+    def status(self):  # type: ignore[no-untyped-def]
+        from unipar.service.runner import RunnerStatus
+
+        return RunnerStatus()
+
+    def set_target(self, target: int, decided: float) -> None:
+        pass
+
+
+def test_a_start_adopts_a_runner_left_unrecorded_and_a_failed_start_fails_one_job(
+    ray_cluster, tmp_path
+):
+    """A scheduler killed between making a job's runner and recording it leaves a runner
+    under the job's name: the next start adopts it. A job whose start raises fails alone;
+    the round goes on."""
+    from unipar.service.scheduler import NAMESPACE, Scheduler
+
+    scheduler = Scheduler(str(tmp_path), "fifo", 600.0)
+    left = None
+    try:
+        blob = ray.cloudpickle.dumps((b"a pickled job", {}))
+        broken = scheduler.submit(_row(0, JobState.QUEUED, least=1, most=1, sizes=(1,)),
+                                  b"not a pickle")
+        name = f"unipar-job-{scheduler.token}-{broken + 1}"
+        left = ray.remote(StandInRunner).options(
+            name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0).remote()
+        adopted = scheduler.submit(_row(0, JobState.QUEUED, least=1, most=1, sizes=(1,)),
+                                   blob)
+        assert adopted == broken + 1
+        _wait(lambda: all(scheduler.store.row(i).state is not JobState.QUEUED
+                          for i in (broken, adopted)), timeout_s=30)
+        failed, running = scheduler.store.row(broken), scheduler.store.row(adopted)
+        assert failed.state is JobState.FAILED and "failed to start" in \
+            scheduler.store.events(broken)[-1][1]
+        assert running.state is JobState.RUNNING
+        assert "adopted the runner a lost scheduler had started" in [
+            text for _, text in scheduler.store.events(adopted)]
+        assert ray.get(scheduler.runners[adopted].status.remote()).step == 0
+    finally:
+        scheduler.shutdown()
+        if left is not None:
+            ray.kill(left, no_restart=True)
 
 
 def test_worker_sizes_and_deadlines():

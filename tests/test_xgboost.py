@@ -177,18 +177,19 @@ def test_killed_actor(ray_cluster, synthetic, tmp_path, mode):
 
 
 class KillWhileLoading:
-    """A DistributedCallback that SIGKILLs the actor of data shard 1 as it starts loading
-    its data, once per marker file."""
+    """A DistributedCallback that SIGKILLs the actors of data shards ``ranks`` as they
+    start loading their data, once per shard and marker file."""
 
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
+    def __init__(self, marker: str, ranks: tuple[int, ...] = (1,)) -> None:
+        self.marker, self.ranks = marker, ranks
 
     def on_init(self, actor):
         pass
 
     def before_data_loading(self, actor, data):
-        if actor.rank == 1 and not os.path.exists(self.marker):
-            Path(self.marker).write_text(str(os.getpid()))
+        marker = f"{self.marker}-{actor.rank}"
+        if actor.rank in self.ranks and not os.path.exists(marker):
+            Path(marker).write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
 
     def after_data_loading(self, actor, data):
@@ -220,7 +221,7 @@ def test_an_actor_killed_while_loading_is_replaced_when_restarts_are_allowed(
     )
     booster = train(PARAMS, RayDMatrix(x, y), 10, ray_params=ray_params,
                     additional_results=extra)
-    assert (tmp_path / "a").exists(), "the actor was never killed"
+    assert (tmp_path / "a-1").exists(), "the actor was never killed"
     assert booster.num_boosted_rounds() == 10
     assert extra["failures"] == 1 and extra["restarts"] == 1 and extra["total_n"] == len(x)
     no_restarts = RayParams(
@@ -228,6 +229,12 @@ def test_an_actor_killed_while_loading_is_replaced_when_restarts_are_allowed(
     )
     with pytest.raises(RayXGBoostTrainingError, match=r"shards \[1\] died while loading"):
         train(PARAMS, RayDMatrix(x, y), 10, ray_params=no_restarts)
+    # elastic training counts actors against max_failed_actors, not restarts
+    both = RayParams(num_actors=2, elastic_training=True, max_failed_actors=1,
+                     distributed_callbacks=[kill(str(tmp_path / "c"), ranks=(0, 1))])
+    with pytest.raises(RayXGBoostTrainingError, match="2 actors lost, more than "
+                       "max_failed_actors=1"):
+        train(PARAMS, RayDMatrix(x, y), 10, ray_params=both)
 
 
 def test_elastic_training_that_loses_its_only_actor_waits_for_the_replacement(

@@ -65,6 +65,8 @@ class ParameterServer:
         self.cond = threading.Condition()
         if snapshot_path and os.path.exists(snapshot_path):
             self._restore(snapshot_path)
+        elif snapshot_path and os.path.exists(self._left_path()):
+            os.remove(self._left_path())  # an earlier run's, with no snapshot to go with
 
     # -- reads -------------------------------------------------------------------------
     def pull(

@@ -207,8 +207,10 @@ def targets(
             count = _down_to(sizes, free) if r.target > 0 else 0
         out[r.id] = count
         free -= count
+    waiting = _make_room(order, usable, wanted, out, slots)
+    free = slots - sum(out.values())
     for r in sorted(order, key=lambda r: (remaining_s(r), r.steps - r.step)):  # SRPT
-        if out[r.id] == 0:
+        if out[r.id] == 0 or (waiting and r.target > 0):  # the room is kept for the queue
             continue
         bigger = [s for s in usable[r.id] if out[r.id] < s <= out[r.id] + free
                   and (r.target == 0 or s <= r.target or grow_pays(r, s, cost))]
@@ -216,6 +218,38 @@ def targets(
             free -= max(bigger) - out[r.id]
             out[r.id] = max(bigger)
     return out
+
+
+def _make_room(
+    order: Sequence[JobRow],
+    usable: dict[int, tuple[int, ...]],
+    wanted: dict[int, int],
+    out: dict[int, int],
+    slots: int,
+) -> bool:
+    """The first queued job the policy starts but whose least size does not fit the free
+    workers: running jobs shrink toward their least sizes for it, the one with the most
+    time left first, and it starts (``out`` changed in place). Whether it still waits
+    (running jobs then do not grow into the room it needs)."""
+    for r in order:
+        if r.target > 0 or out[r.id] or not wanted.get(r.id) or not usable[r.id]:
+            continue
+        least = usable[r.id][0]
+        need = least - (slots - sum(out.values()))
+        shrunk = dict(out)
+        for j in sorted((j for j in order if j.target > 0 and out[j.id]),
+                        key=remaining_s, reverse=True):
+            if need <= 0:
+                break
+            smaller = max(_down_to(usable[j.id], shrunk[j.id] - need), usable[j.id][0])
+            need -= shrunk[j.id] - smaller
+            shrunk[j.id] = smaller
+        if need > 0:
+            return True
+        out.update(shrunk)
+        out[r.id] = least
+        return False
+    return False
 
 
 def useful_workers(rows: Sequence[JobRow], now: float, max_workers: int) -> int:

@@ -103,9 +103,9 @@ class JobRunner:
         from unipar.runtime.fit import fit
 
         least, most = workers
-        self._log(f"job {self.job_id} ({self.job.name}): {self.job.steps} steps on "
-                  f"{least}..{most} workers, global batch {self.job.global_batch_size}")
         try:
+            self._log(f"job {self.job_id} ({self.job.name}): {self.job.steps} steps on "
+                      f"{least}..{most} workers, global batch {self.job.global_batch_size}")
             result = fit(self.job, workers=workers, run_dir=self.run_dir, progress=False,
                          size_target=self.target, callbacks=[_Reporter(self)], **self.options)
         except BaseException as error:  # the job's own failure: reported, not raised

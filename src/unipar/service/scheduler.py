@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 from ray.autoscaler.sdk import request_resources
+from ray.exceptions import ActorAlreadyExistsError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from unipar.errors import ConfigError
@@ -31,7 +32,6 @@ from unipar.service.state import JobRow, JobState, Store
 NAMESPACE = "unipar"
 SCHEDULER_NAME = "unipar-scheduler"
 STATUS_TIMEOUT_S = 10.0
-AUTOSCALER_REQUEST = "autoscaler_request"  # the store's key for the standing request
 
 
 class Scheduler:
@@ -47,10 +47,10 @@ class Scheduler:
         self.runners: dict[int, Any] = {}
         self._polled: dict[int, float] = {}  # when each job's runner last answered
         self._costs: dict[int, tuple[list[float], list[float]]] = {}  # resize costs per job
-        # workers asked of Ray's autoscaler (0: none), kept in the store: a request stands
-        # until replaced, so a scheduler that takes over from a lost one withdraws its
-        # predecessor's when it is no longer useful
-        self.requested = int(self.store.setting(AUTOSCALER_REQUEST) or 0)
+        # workers asked of Ray's autoscaler (0: none; None: not known, as in a scheduler
+        # that took over from a lost one, or a new one on a cluster an earlier service
+        # used: a request stands until replaced, so the first round always sends one)
+        self.requested: int | None = None
         self._lock = threading.RLock()  # the store and the runners, held briefly
         self._rounds = threading.Lock()  # one round at a time
         self._stop = threading.Event()
@@ -64,7 +64,7 @@ class Scheduler:
     def ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "policy": self.policy_name.value,
                 "interval_s": self.interval_s, "state_dir": str(self.state_dir),
-                "requested": self.requested}
+                "requested": self.requested or 0}
 
     def submit(self, row: JobRow, job: bytes) -> int:
         with self._lock:
@@ -163,7 +163,11 @@ class Scheduler:
         for row in rows:
             count = decided.get(row.id, 0)
             if row.state is JobState.QUEUED and count > 0:
-                self._start(row, count)
+                try:
+                    self._start(row, count)
+                except Exception as error:  # this job only: the round goes on
+                    self._end(row, JobState.FAILED, f"failed to start: {error}",
+                              error=f"{type(error).__name__}: {error}")
             elif row.state is JobState.RUNNING and count != row.target and count > 0:
                 self.runners[row.id].set_target.remote(count, now)
                 self.store.update(row.id, target=count)
@@ -180,8 +184,8 @@ class Scheduler:
         return ResizeCost.measured(latencies, pauses)
 
     def _ask_autoscaler(self, workers: int) -> None:
-        """Room for ``workers`` one-CPU workers (0: withdraw), sent when it changes (a
-        request stands until the next one replaces it)."""
+        """Room for ``workers`` one-CPU workers (0: withdraw), sent when it changes or is
+        not known (a request stands until the next one replaces it)."""
         if workers != self.requested:
             try:
                 request_resources(bundles=[{"CPU": 1.0}] * workers)
@@ -189,7 +193,6 @@ class Scheduler:
                 print(f"unipar scheduler: autoscaler request failed: {error}", flush=True)
                 return
             self.requested = workers
-            self.store.set_setting(AUTOSCALER_REQUEST, str(workers))
 
     def _statuses(self, rows: list[JobRow]) -> dict[int, Any]:
         """Each runner's status, asked of all at once; a runner that does not answer within
@@ -247,13 +250,17 @@ class Scheduler:
         log = self._log_path(row.id)
         log.parent.mkdir(parents=True, exist_ok=True)
         job, options = _load(self.store.job(row.id))
-        runner = (
-            ray.remote(JobRunner)
-            .options(name=row.runner, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
-                     max_concurrency=4, scheduling_strategy=here())
-            .remote(row.id, job, options, row.run_dir, str(log), count, time.time(),
-                    (sizes[0], sizes[-1]))
-        )
+        try:
+            runner = (
+                ray.remote(JobRunner)
+                .options(name=row.runner, namespace=NAMESPACE, lifetime="detached",
+                         num_cpus=0, max_concurrency=4, scheduling_strategy=here())
+                .remote(row.id, job, options, row.run_dir, str(log), count, time.time(),
+                        (sizes[0], sizes[-1]))
+            )
+        except ActorAlreadyExistsError:  # made by a scheduler that died before recording it
+            runner = ray.get_actor(row.runner, namespace=NAMESPACE)
+            self.store.event(row.id, "adopted the runner a lost scheduler had started")
         self.runners[row.id] = runner
         self.store.update(row.id, state=JobState.RUNNING, started=time.time(), target=count)
         self.store.event(row.id, f"started on {count} workers")

@@ -124,16 +124,6 @@ class Store:
             self._db.execute("INSERT INTO meta VALUES ('token', ?)", (token,))
             return token
 
-    def setting(self, key: str) -> str | None:
-        """A value the service keeps across its restarts (``None``: never set)."""
-        with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-            return None if row is None else str(row[0])
-
-    def set_setting(self, key: str, value: str) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
-
     def add(self, row: JobRow, job: bytes) -> int:
         values = {c: _encode(c, getattr(row, c)) for c in _COLUMNS if c != "id"}
         names = ", ".join(values)

@@ -40,6 +40,7 @@ from unipar.xgboost.exceptions import (
 )
 from unipar.xgboost.gang import (
     Gang,
+    Losses,
     admit_loaded,
     leave_draining,
     load_shards,
@@ -247,9 +248,8 @@ def _train(
             refs += [actor.load.remote(name, m, s[index]) for m, name, s in eval_shards]
             return refs
 
-        allowed = rp.max_failed_actors if rp.elastic_training else rp.max_actor_restarts
-        loaded = load_shards(gang, sorted(gang.members), load_refs, allowed)
-        rows = loaded.rows
+        losses = Losses()
+        rows = load_shards(gang, sorted(gang.members), load_refs, losses)
         start: tuple[int, bytes] | None = None
         if xgb_model is not None:
             start = (xgb_model.num_boosted_rounds(), bytes(xgb_model.save_raw("ubj")))
@@ -257,7 +257,6 @@ def _train(
         target = base_rounds + rounds
         relay = _TuneRelay(reporters, target) if reporters else None
         history: dict[str, Any] = {}
-        failures, restarts, lost = loaded.failures, loaded.restarts, loaded.failures
         training_started = time.perf_counter()
         say("[RayXGBoost] Starting XGBoost training.")
         while True:
@@ -309,41 +308,27 @@ def _train(
                         log.warning(
                             "actors %s leave draining nodes after round %d", leaving, start[0]
                         )
-                        replace_actors(gang, leaving, rp, load_refs)
+                        replace_actors(gang, leaving, rp, load_refs, losses)
                     continue
                 _merge(history, final["evals_result"], done_rounds - base_rounds)
                 return {
                     "model": final["model"],
                     "evals_result": history,
                     "rows": rows,
-                    "failures": failures,
-                    "restarts": restarts,
+                    "failures": losses.failures,
+                    "restarts": losses.restarts,
                     "num_actors": len(live),
                     "training_time_s": time.perf_counter() - training_started,
                     "callback_returns": queue.returns,
                 }
-            failures += len(dead)
             for index in dead:
                 gang.members.pop(index, None)
             start = newest_checkpoint(gang, start)
+            losses.count(dead, rp, "in training")
+            replace_actors(gang, dead + leaving, rp, load_refs, losses)
             if rp.elastic_training:
-                lost += len(dead)
-                if lost > rp.max_failed_actors:
-                    raise RayXGBoostTrainingError(
-                        f"{lost} actors lost, more than max_failed_actors="
-                        f"{rp.max_failed_actors}; raise it or use max_actor_restarts"
-                    )
-                replace_actors(gang, dead + leaving, rp, load_refs)
                 log.warning("lost actors %s; continuing on %d", dead, len(gang.members))
             else:
-                restarts += 1
-                if 0 <= rp.max_actor_restarts < restarts:
-                    raise RayXGBoostTrainingError(
-                        f"actors {dead} died; restarts: {restarts}, more than "
-                        f"max_actor_restarts={rp.max_actor_restarts}; raise it (-1: no limit) "
-                        "or use elastic_training"
-                    )
-                replace_actors(gang, dead + leaving, rp, load_refs)
                 log.warning(
                     "replaced actors %s; resuming from round %d", dead, start[0] if start else 0
                 )

@@ -208,7 +208,11 @@ def split_datasets(matrices: list[RayDMatrix], n: int) -> None:
 
 
 def replace_actors(
-    gang: Gang, shards: list[int], rp: RayParams, load_refs: Callable[[int, Any], list[Any]]
+    gang: Gang,
+    shards: list[int],
+    rp: RayParams,
+    load_refs: Callable[[int, Any], list[Any]],
+    losses: Losses,
 ) -> None:
     """New actors for ``shards``: under elastic training they load in the background and
     join at a round boundary; otherwise training waits for them and their data."""
@@ -226,30 +230,48 @@ def replace_actors(
                 )
         return
     gang.start(shards)
-    load_shards(gang, shards, load_refs, rp.max_actor_restarts)
+    load_shards(gang, shards, load_refs, losses)
 
 
-@dataclass(frozen=True)
-class Loaded:
-    """What loading the members' data took: their training rows, the members whose
-    process died while loading (replaced), and how many times that happened."""
+@dataclass
+class Losses:
+    """The actors one ``train`` call lost, against XGBoost-Ray's limits: under elastic
+    training at most ``max_failed_actors`` actors, else at most ``max_actor_restarts``
+    restarts of the gang (-1: no limit)."""
 
-    rows: int
-    failures: int
-    restarts: int
+    failures: int = 0  # actors that died
+    restarts: int = 0  # times the gang restarted with replacements (restart mode)
+
+    def count(self, dead: list[int], rp: RayParams, when: str) -> None:
+        """Count the actors of data shards ``dead``, lost ``when``; raise past a limit."""
+        self.failures += len(dead)
+        if rp.elastic_training:
+            if self.failures > rp.max_failed_actors:
+                raise RayXGBoostTrainingError(
+                    f"the actors for data shards {dead} died {when}; {self.failures} actors "
+                    f"lost, more than max_failed_actors={rp.max_failed_actors}; raise it or "
+                    "use max_actor_restarts"
+                )
+            return
+        self.restarts += 1
+        if 0 <= rp.max_actor_restarts < self.restarts:
+            raise RayXGBoostTrainingError(
+                f"the actors for data shards {dead} died {when}; restarts: {self.restarts}, "
+                f"more than max_actor_restarts={rp.max_actor_restarts}; raise it (-1: no "
+                "limit) or use elastic_training"
+            )
 
 
 def load_shards(
     gang: Gang,
     shards: list[int],
     load_refs: Callable[[int, Any], list[Any]],
-    restarts_allowed: int,
-) -> Loaded:
-    """The members of ``shards`` read their data; a member whose process dies while
-    loading is replaced and its shard read again, at most ``restarts_allowed`` times
-    (-1: no limit), as a death while training is (XGBoost-Ray's ``max_actor_restarts``)."""
+    losses: Losses,
+) -> int:
+    """The members of ``shards`` read their data (their training rows in all); a member
+    whose process dies while loading is replaced and its shard read again, counted in
+    ``losses`` as a death in training is."""
     rows: dict[int, int] = {}
-    failures = restarts = 0
     todo = sorted(shards)
     while todo:
         refs = {index: load_refs(index, gang.members[index].actor) for index in todo}
@@ -265,18 +287,12 @@ def load_shards(
                     actor_rank=index,
                 ) from error
         if dead:
-            failures, restarts = failures + len(dead), restarts + 1
-            if 0 <= restarts_allowed < restarts:
-                raise RayXGBoostTrainingError(
-                    f"the actors for data shards {dead} died while loading their data; "
-                    f"restarts: {restarts}, more than the {restarts_allowed} allowed; raise "
-                    "max_actor_restarts (-1: no limit), or check the actors' logs and memory"
-                )
+            losses.count(dead, gang.params, "while loading their data")
             log.warning("actors %s died while loading their data; replacing them", dead)
             Supervisor.kill([gang.members.pop(index) for index in dead])
             gang.start(dead)
         todo = dead
-    return Loaded(sum(rows.values()), failures, restarts)
+    return sum(rows.values())
 
 
 def leave_draining(gang: Gang, training: list[Member]) -> None:
