@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import ray.cloudpickle
@@ -145,6 +146,21 @@ def test_data_parallel_shrinks_and_grows_live(dp_reference, tmp_path):
     result = _run_shrink_and_grow(tmp_path, None, dp_reference)
     # Data parallel: the survivor's own state, no step lost.
     assert result.resizes[0].step >= 8
+
+
+def test_an_adaptive_batch_job_grows_live_from_a_survivors_snapshot(dp_reference, tmp_path):
+    """The joiner's state (its adaptive batch's with it) comes from a survivor's snapshot
+    in memory; the adaptive step, which registers DDP's one communication hook, is built
+    once (a second registration failed the joiner's formation). Batch pinned at M0 by
+    its bound: the losses are the plain run's."""
+    from unipar.job import AdaptiveBatch
+
+    job = slow_mlp_job()
+    job = replace(job, adaptive=AdaptiveBatch(max_global_batch=job.global_batch_size))
+    killer = KillOnce(at=8, rank=1, checkpoints=tmp_path / "checkpoints")
+    result = fit(job, workers=(1, 2), run_dir=tmp_path, callbacks=[killer], **RUN)
+    assert [(e.old, e.new) for e in result.resizes][:2] == [(2, 1), (1, 2)], result.resizes
+    _assert_same_losses(result, dp_reference)
 
 
 def test_fixed_size_recovers_live_with_a_replacement(dp_reference, tmp_path):

@@ -127,16 +127,17 @@ class ElasticWorker:
             self.committed = trainer.adopt(previous, start_step)
             settle_heap()
             return start_step
-        trainer.start_step = trainer.setup(None if snapshot else resume_from)
+        parts: list[SnapshotPart] = ray.get(snapshot) if snapshot else []
+        trainer.start_step = trainer.setup(
+            None if snapshot else resume_from, adapt_state_of(parts) if parts else None
+        )
         if snapshot:
-            parts: list[SnapshotPart] = ray.get(snapshot)
             load_from_memory(
                 parts,
                 parts=trainer.model.parts,
                 optimizers=trainer.optimizers,
                 collective=rendezvous.world_size > 1,
             )
-            trainer.adapt_from(adapt_state_of(parts))
             trainer.start_step = start_step
         self.committed = trainer.start_step
         settle_heap()

@@ -97,8 +97,11 @@ class Trainer:
         self._attachment: Attachment | None = None
         self.adapt: AdaptiveStep | None = None
 
-    def setup(self, resume_from: Path | None) -> int:
-        """Build model, optimizer and data; load ``resume_from``. Returns the first step."""
+    def setup(self, resume_from: Path | None, adapt_state: AdaptState | None = None) -> int:
+        """Build model, optimizer and data; load ``resume_from``. Returns the first step.
+        ``adapt_state``: the adaptive batch's state when it comes from elsewhere (a
+        snapshot in memory) rather than from ``resume_from``; the adaptive step is built
+        once (it registers DDP's communication hook, which DDP takes once)."""
         job = self.job
         self._load_dataset()
         self.model = parallelize(
@@ -127,7 +130,7 @@ class Trainer:
                 )
             load_checkpoint(resume_from, parts=self.model.parts, optimizers=self.optimizers)
             self.start_step = info.step
-        self.adapt_from(saved_adapt_state(resume_from))
+        self.adapt_from(adapt_state if adapt_state is not None else saved_adapt_state(resume_from))
         return self.start_step
 
     def adapt_from(self, state: AdaptState | None) -> None:
