@@ -214,3 +214,15 @@ def test_cli_refuses_an_empty_space_before_any_trial(tmp_path, capsys):
     assert "nothing to search" in capsys.readouterr().err
     assert main([*argv[:3], str(tmp_path / "none.yaml")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_pbt_mutates_a_grid_parameter_over_its_values():
+    """PBT reads a dict in its mutations as a nested space: a grid parameter goes to it as
+    the list of its values (a ``grid_search`` dict failed at PBT's first exploit)."""
+    from unipar.tuning.choices import SchedulerKind, build_scheduler
+    from unipar.tuning.space import load_space
+
+    space = load_space({"lr": {"loguniform": [1e-4, 1e-1]}, "seed": {"grid": [0, 1]}})
+    pbt = build_scheduler(SchedulerKind.PBT, space, max_steps=10, grace_steps=2,
+                          perturbation_steps=2, seed=0)
+    assert pbt._hyperparam_mutations["seed"] == [0, 1]

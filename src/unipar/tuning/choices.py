@@ -6,7 +6,7 @@ from enum import Enum
 from typing import Any
 
 from unipar.errors import ConfigError
-from unipar.tuning.space import SearchSpace
+from unipar.tuning.space import ParamKind, SearchSpace
 
 
 class SearcherKind(Enum):
@@ -87,7 +87,12 @@ def build_scheduler(
         return schedulers.MedianStoppingRule(
             time_attr="step", grace_period=grace_steps, min_samples_required=2
         )
-    mutations = {p.name: p.tune_domain() for p in space.params if p.kind.value != "constant"}
+    # PBT reads a dict as a nested space: a grid's values go to it as the list they are
+    mutations = {
+        p.name: list(p.values) if p.kind is ParamKind.GRID else p.tune_domain()
+        for p in space.params
+        if p.kind is not ParamKind.CONSTANT
+    }
     if kind is SchedulerKind.PBT:
         return schedulers.PopulationBasedTraining(
             time_attr="step",
