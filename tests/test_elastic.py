@@ -22,6 +22,7 @@ import torch
 
 from unipar import Callback, fit
 from unipar.data.sampler import GlobalBatchSampler
+from unipar.errors import UserCodeError
 from unipar.job import Job, OptimizerSpec
 from unipar.models.mlp import MLP, MLPConfig
 from unipar.plan import Plan
@@ -186,3 +187,17 @@ def test_sharded_plans_shrink_and_grow_from_memory(ray_cluster, tmp_path, plan):
     result = _run_shrink_and_grow(tmp_path, plan, snapshot_every=5)
     # Rolled back at most to the last snapshot: steps redone, same losses, same samples.
     assert result.resizes[0].step % 5 == 0
+
+
+def test_a_job_the_workers_cannot_unpickle_names_the_cause(ray_cluster, tmp_path, monkeypatch):
+    """A job whose model lives in a module only the driver can import: the workers'
+    constructors raise, and the error names that (not a lack of resources)."""
+    (tmp_path / "driver_only_models.py").write_text(
+        "import torch\n\ndef model():\n    return torch.nn.Linear(16, 4)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import driver_only_models  # type: ignore[import-not-found]
+
+    job = replace(slow_mlp_job(2), model=driver_only_models.model)
+    with pytest.raises(UserCodeError, match=r"No module named 'driver_only_models'.*py_modules"):
+        fit(job, workers=(1, 2), run_dir=tmp_path / "run", progress=False)

@@ -190,6 +190,14 @@ class ElasticController:
             members = members + self.supervisor.start(missing, config.placement_timeout_s)
         if len(members) < config.least_workers:
             self.supervisor.kill(members)
+            if self.supervisor.raised:
+                raise UserCodeError(
+                    f"only {len(members)} of min_workers={config.least_workers} workers "
+                    f"started: a worker's constructor raised {self.supervisor.raised[-1]}. "
+                    "The job (its model, dataset and loss) is unpickled in every worker "
+                    "process: define them in the job file or in a module the workers can "
+                    "import (installed, or shipped with Ray's runtime_env py_modules)"
+                )
             raise ResourceError(
                 f"only {len(members)} workers could be started within "
                 f"{config.placement_timeout_s:g} s, fewer than min_workers="

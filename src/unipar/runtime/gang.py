@@ -44,6 +44,16 @@ PROCESS_LOST = (
 )
 
 
+def constructor_error(error: BaseException) -> str | None:
+    """The last line of the exception an actor's constructor raised (the job could not be
+    unpickled in its process, say), from Ray's error for the dead actor; ``None`` when
+    the actor's process was lost otherwise."""
+    text = str(error)
+    if "creation task" not in text:
+        return None
+    return [line for line in text.splitlines() if line.strip()][-1].strip()
+
+
 def describe_process() -> tuple[int, str, str]:
     """(process id, node IP, Ray node id) of the calling actor: its ``describe()``."""
     return os.getpid(), ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
@@ -107,14 +117,12 @@ def describe_each(actors: Sequence[Any], timeout_s: float) -> list[Member | str]
     return members
 
 
-def describe_all(actors: Sequence[Any], timeout_s: float) -> list[Member | None]:
-    """:func:`describe_each` with ``None`` for the actors that did not start."""
-    return [m if isinstance(m, Member) else None for m in describe_each(actors, timeout_s)]
-
-
-def _collect_started(pending: list[tuple[Any, Any]]) -> tuple[list[Member], list[Any]]:
+def _collect_started(
+    pending: list[tuple[Any, Any]], raised: list[str]
+) -> tuple[list[Member], list[Any]]:
     """Of ``(actor, describe ref)`` pairs starting up: the members whose constructors
-    have run, and the pairs still starting (the lost ones are killed and dropped)."""
+    have run, and the pairs still starting (the lost ones are killed and dropped; what a
+    constructor raised is added to ``raised``)."""
     started, still = [], []
     for actor, ref in pending:
         if not ray.wait([ref], timeout=0)[0]:
@@ -122,8 +130,10 @@ def _collect_started(pending: list[tuple[Any, Any]]) -> tuple[list[Member], list
             continue
         try:
             started.append(Member(actor, *ray.get(ref)))
-        except PROCESS_LOST:
+        except PROCESS_LOST as error:
             ray.kill(actor, no_restart=True)
+            if (line := constructor_error(error)) is not None:
+                raised.append(line)
     return started, still
 
 
@@ -138,6 +148,7 @@ class Supervisor:
         self.make_actor = make_actor
         self.needs = {k: v for k, v in needs.items() if v}
         self.pending: list[tuple[Any, Any]] = []  # (actor, describe ref) starting up
+        self.raised: list[str] = []  # what the constructors of members that died raised
 
     def start(
         self, count: int, timeout_s: float, most: Callable[[], int] | None = None
@@ -148,8 +159,7 @@ class Supervisor:
         newest first, so that the resources they hold go back to the cluster then and not
         after the whole gang has started (an outside size target lowered meanwhile)."""
         if most is None:
-            started = describe_all([self.make_actor() for _ in range(count)], timeout_s)
-            return [member for member in started if member is not None]
+            most = lambda: count  # noqa: E731
         pending = [(actor, actor.describe.remote())
                    for actor in (self.make_actor() for _ in range(count))]
         members: list[Member] = []
@@ -167,7 +177,7 @@ class Supervisor:
             if pending:
                 ray.wait([ref for _, ref in pending], num_returns=1,
                          timeout=min(left, _START_POLL_S))
-            started, pending = _collect_started(pending)
+            started, pending = _collect_started(pending, self.raised)
             members += started
         keep = max(0, min(len(members), most()))
         self.kill(members[keep:])
@@ -182,7 +192,7 @@ class Supervisor:
     def take_started(self) -> list[Member]:
         """Members started in the background whose constructors have run (lost ones
         are dropped)."""
-        started, self.pending = _collect_started(self.pending)
+        started, self.pending = _collect_started(self.pending, self.raised)
         return started
 
     def cancel_pending(self) -> None:

@@ -24,7 +24,7 @@ from ray.exceptions import ActorAlreadyExistsError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from unipar.errors import ConfigError
-from unipar.runtime.gang import PROCESS_LOST
+from unipar.runtime.gang import PROCESS_LOST, constructor_error
 from unipar.sched.policies import PolicyName, make_policy
 from unipar.service.decide import ResizeCost, targets, useful_workers
 from unipar.service.state import JobRow, JobState, Store
@@ -297,9 +297,8 @@ class RunnerLost:
     def of(cls, error: BaseException) -> RunnerLost:
         """From Ray's error: a constructor that raised (the job could not be unpickled,
         say) gives its exception's last line; else the process was lost."""
-        text = str(error)
-        if "creation task" in text:
-            last = [line for line in text.splitlines() if line.strip()][-1].strip()
+        last = constructor_error(error)
+        if last is not None:
             return cls(f"its runner could not start: {last}")
         return cls("its runner process was lost")
 
