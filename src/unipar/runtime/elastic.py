@@ -59,7 +59,7 @@ from unipar.runtime.metrics import MetricsWriter, StepAggregator
 from unipar.runtime.progress import ProgressBar
 from unipar.runtime.rendezvous import RendezvousHost
 from unipar.runtime.size_target import bounded
-from unipar.runtime.snapshot import SnapshotPart
+from unipar.runtime.snapshot import SnapshotAssembly, SnapshotPart
 from unipar.runtime.tracing import TraceBatch
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
 from unipar.runtime.worker_group import WorkerInfo
@@ -229,7 +229,7 @@ class ElasticController:
             for rank, member in enumerate(members)
         ]
         start = self._wait_formed(forms, members)
-        self._pending_parts: dict[int, list[SnapshotPart]] = {}  # parts of this gang only
+        self._assembly = SnapshotAssembly(size)  # parts of this gang only
         self.aggregator = StepAggregator(size)
         self.bar.start_at(start)
         every = self._snapshot_every(plan)
@@ -295,7 +295,8 @@ class ElasticController:
                     if isinstance(item, StepReport):
                         reports.append(item)
                     elif isinstance(item, SnapshotPart):
-                        self._add_snapshot_part(item, len(members))
+                        if (whole := self._assembly.add(item)) is not None:
+                            self._snapshot = (item.step, whole)
                     elif isinstance(item, TraceBatch):
                         self.state.trace.extend(item.records)
             self._record(reports)
@@ -370,14 +371,6 @@ class ElasticController:
                 f"{self.config.max_failures}; last: {lost}. Check the workers' logs, or raise "
                 "max_failures"
             ) from error
-
-    def _add_snapshot_part(self, part: SnapshotPart, size: int) -> None:
-        parts = self._pending_parts
-        parts.setdefault(part.step, []).append(part)
-        if len(parts[part.step]) == size:
-            self._snapshot = (part.step, parts.pop(part.step))
-            for step in [s for s in parts if s < part.step]:
-                del parts[step]
 
     # -- re-forming ------------------------------------------------------------------
 

@@ -190,11 +190,12 @@ class ElasticWorker:
         trainer.trace(trace_steps)
         cadence = SnapshotCadence(snapshot_every, start=step)
         final: Path | None = None
+        snapshotted = -1  # the step of this gang's last snapshot
         try:
             try:
                 while not trainer.done(step):
                     if signal.stop_before(step):
-                        if step > 0:
+                        if step > 0 and step != snapshotted:  # not twice at one step
                             yield self._snapshot(step)
                         yield Paused(step)
                         return
@@ -211,6 +212,7 @@ class ElasticWorker:
                     if cadence.due(step) and not trainer.done(step):
                         began = time.perf_counter()
                         yield self._snapshot(step)
+                        snapshotted = step
                         cadence.took(step, time.perf_counter() - began)
                     if trainer.done(step) or trainer.checkpoint_due(step):
                         final = trainer.save(step)

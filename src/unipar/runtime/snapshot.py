@@ -41,6 +41,28 @@ class SnapshotPart:
         return sum(len(data) for data in self.files.values())
 
 
+class SnapshotAssembly:
+    """The parts of one gang's snapshots as they arrive, one per rank and step; a step's
+    snapshot is whole once every one of the gang's ``size`` ranks sent its part (a rank
+    that snapshots one step twice, on its cadence and before a pause, counts once)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._parts: dict[int, dict[int, SnapshotPart]] = {}
+
+    def add(self, part: SnapshotPart) -> list[SnapshotPart] | None:
+        """The whole snapshot of ``part.step`` (parts in rank order) once this part
+        completes it, else ``None``; older incomplete steps are then dropped."""
+        ranks = self._parts.setdefault(part.step, {})
+        ranks[part.rank] = part
+        if len(ranks) < self.size:
+            return None
+        del self._parts[part.step]
+        for step in [s for s in self._parts if s < part.step]:
+            del self._parts[step]
+        return [ranks[rank] for rank in sorted(ranks)]
+
+
 def _memory_fs():  # type: ignore[no-untyped-def]
     import fsspec
 
