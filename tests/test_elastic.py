@@ -201,3 +201,20 @@ def test_a_job_the_workers_cannot_unpickle_names_the_cause(ray_cluster, tmp_path
     job = replace(slow_mlp_job(2), model=driver_only_models.model)
     with pytest.raises(UserCodeError, match=r"No module named 'driver_only_models'.*py_modules"):
         fit(job, workers=(1, 2), run_dir=tmp_path / "run", progress=False)
+
+
+def test_a_sharded_gang_resumes_from_a_disk_checkpoint_newer_than_its_snapshot(
+    ray_cluster, tmp_path
+):
+    """FSDP, a snapshot every 10 steps and a disk checkpoint every 2: a worker killed after
+    step 12 is recovered from the newest state (a checkpoint at 12 or later), not from the
+    older snapshot at step 10. Every step is still run once with its own samples."""
+    job = slow_mlp_job(40)
+    killer = KillOnce(at=12, rank=1, checkpoints=tmp_path / "checkpoints")
+    result = fit(job, workers=(1, 2), run_dir=tmp_path, callbacks=[killer],
+                 plan=Plan(mesh=Mesh(fsdp=2), microbatch_size=4), snapshot_every=10,
+                 checkpoint_every=2, progress=False)
+    assert killer.killed_at is not None
+    assert "worker lost" in result.resizes[0].reason
+    assert result.resizes[0].step >= 12, result.resizes
+    _check_samples(result, job)

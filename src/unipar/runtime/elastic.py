@@ -43,7 +43,7 @@ import ray
 from unipar.errors import ResourceError, TrainingFailedError, UniparError, UserCodeError
 from unipar.job import Job
 from unipar.plan import Plan
-from unipar.runtime.checkpoint import latest_checkpoint
+from unipar.runtime.checkpoint import latest_checkpoint, read_checkpoint
 from unipar.runtime.config import RunConfig
 from unipar.runtime.controller import Callback, RunState, WorkerLost
 from unipar.runtime.elastic_worker import (
@@ -422,7 +422,7 @@ class ElasticController:
             step = next(e.step for e in ends.values() if isinstance(e, Paused))
             if self._snapshot is not None and self._snapshot[0] == step:
                 return self._from_snapshot()
-            return _Source(0, resume_from=self.resume_from)  # paused before the first step
+            return _disk_source(self.resume_from)  # paused before the first step
         survivors = [m for m in members if m not in end.dead]
         committed = {m.pid: _committed(ends.get(m.pid)) for m in survivors}
         assert self.plan is not None
@@ -435,10 +435,10 @@ class ElasticController:
             if replicated(self.plan_for(len(new))) and all(m in holders for m in new):
                 return _Source(top, keep=frozenset(m.pid for m in new))
             return _Source(top, snapshot=[holders[0].actor.export_state.remote()])
-        if self._snapshot is not None:
-            return self._from_snapshot()
         newest = latest_checkpoint(self.policy.directory) or self.resume_from
-        return _Source(0, resume_from=newest)
+        if self._snapshot is not None and self._snapshot[0] >= _checkpoint_step(newest):
+            return self._from_snapshot()
+        return _disk_source(newest)  # the newer state: fewer steps redone
 
     def _from_snapshot(self) -> _Source:
         assert self._snapshot is not None
@@ -462,6 +462,21 @@ class ElasticController:
             self.bar.update(metrics)
             for callback in self.callbacks:
                 callback.on_step(metrics, self.workers)
+
+
+def _disk_source(path: Path | None) -> _Source:
+    """From the checkpoint at ``path`` (its step), or from scratch (``None``)."""
+    return _Source(max(0, _checkpoint_step(path)), resume_from=path)
+
+
+def _checkpoint_step(path: Path | None) -> int:
+    """The step of the checkpoint at ``path`` (-1: none, or not readable)."""
+    if path is None:
+        return -1
+    try:
+        return read_checkpoint(path).step
+    except UniparError:
+        return -1
 
 
 def _committed(end: object) -> int:
