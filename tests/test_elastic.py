@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import ray.cloudpickle
@@ -218,3 +219,44 @@ def test_a_sharded_gang_resumes_from_a_disk_checkpoint_newer_than_its_snapshot(
     assert "worker lost" in result.resizes[0].reason
     assert result.resizes[0].step >= 12, result.resizes
     _check_samples(result, job)
+
+
+class SlowToBuildOnRank1(SlowRegression):
+    """Rank 1 of a gang of two builds its dataset slowly, and leaves its process id in
+    ``pid_file`` first: a window in which the gang is still forming."""
+
+    def __init__(self, pid_file: str) -> None:
+        super().__init__(512, 16, 4)
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_world_size() == 2 and dist.get_rank() == 1:
+            Path(pid_file).write_text(str(os.getpid()))
+            time.sleep(3.0)
+
+
+def _kill_once_it_appears(pid_file: Path) -> None:
+    for _ in range(600):
+        if pid_file.exists() and pid_file.read_text():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            return
+        time.sleep(0.05)
+
+
+def test_a_worker_lost_while_the_gang_forms_is_a_failure_not_the_end(dp_reference, tmp_path):
+    """Rank 1 is SIGKILLed while the first gang forms: the run counts one failure, forms
+    again with the survivor and grows back to two; every step once, the losses of the
+    uninterrupted run. Before, the whole run failed."""
+    import threading
+
+    pid_file = tmp_path / "rank1.pid"
+    job = replace(slow_mlp_job(), dataset=functools.partial(SlowToBuildOnRank1, str(pid_file)))
+    killer = threading.Thread(target=_kill_once_it_appears, args=(pid_file,), daemon=True)
+    killer.start()
+    result = fit(job, workers=(1, 2), run_dir=tmp_path, max_failures=1, **RUN)
+    killer.join()
+    assert result.failures == 1
+    reasons = [e.reason for e in result.resizes]
+    assert reasons[0] == "worker lost while the gang formed", result.resizes
+    assert [(e.old, e.new) for e in result.resizes][:2] == [(2, 1), (1, 2)]
+    _check_samples(result, job)
+    _assert_same_losses(result, dp_reference)

@@ -95,6 +95,14 @@ class _Source:
     keep: frozenset[int] = frozenset()  # pids of survivors that hold the state already
 
 
+class _FormBroken(Exception):
+    """Members were lost while a gang formed: the ``survivors`` form the next one."""
+
+    def __init__(self, survivors: list[Member], gone: list[Member]) -> None:
+        super().__init__(f"{len(gone)} lost while the gang formed")
+        self.survivors, self.gone = survivors, gone
+
+
 @dataclass
 class _End:
     """How a formation ended."""
@@ -170,7 +178,11 @@ class ElasticController:
             members = members[:keep]
             source = _Source(step=0, resume_from=self.resume_from)
             while True:
-                end = self._formation(members, source)
+                try:
+                    end = self._formation(members, source)
+                except _FormBroken as broken:
+                    members, source = self._reform_broken(members, source, broken)
+                    continue
                 finished = [s.result for s in end.streams if isinstance(s.result, Finished)]
                 if finished:  # past the final barrier: every rank finished
                     self.supervisor.kill(end.joiners)
@@ -245,22 +257,34 @@ class ElasticController:
         return 0 if replicated(plan) else None
 
     def _wait_formed(self, forms: list[ray.ObjectRef], members: list[Member]) -> int:
-        try:
-            starts = ray.get(forms)
-        except PROCESS_LOST as error:
-            # A worker died while the gang formed: the others wait in the rendezvous;
-            # the source of the state is still held here, so start them all afresh.
+        """The first step of the formed gang. A member lost meanwhile counts as a failure
+        (``max_failures``) and breaks the formation (:class:`_FormBroken`): the store
+        is closed, so that the others, waiting for it, return; they are given up after
+        a grace period."""
+        lost, failed = _gather_forms(forms, self.config.collective_timeout_s)
+        if lost:
+            self.host.close()
+            for rank, error in lost.items():
+                self._lost(rank, error)
+            ray.wait(forms, num_returns=len(forms), timeout=_GRACE_S)
+            gone = [m for rank, (m, ref) in enumerate(zip(members, forms, strict=True))
+                    if rank in lost or not ray.wait([ref], timeout=0)[0]]
+            self.supervisor.kill(gone)
+            raise _FormBroken([m for m in members if m not in gone], gone)
+        if failed is not None:
             self.supervisor.kill(members)
-            raise TrainingFailedError(
-                f"a worker died while the gang formed ({error}); raise max_failures or "
-                "check the workers' logs"
-            ) from error
-        except ray.exceptions.RayTaskError as error:
-            cause = error.cause if isinstance(error.cause, BaseException) else error
+            cause = failed.cause if isinstance(failed.cause, BaseException) else failed
             if isinstance(cause, UniparError):
                 raise cause from None
-            raise UserCodeError(f"a worker failed to form the gang:\n{error}") from None
-        return int(starts[0])
+            raise UserCodeError(f"a worker failed to form the gang:\n{failed}") from None
+        if len(ray.wait(forms, num_returns=len(forms), timeout=0)[0]) < len(forms):
+            self.supervisor.kill(members)
+            raise TrainingFailedError(
+                f"the gang did not form within collective_timeout_s="
+                f"{self.config.collective_timeout_s:g} s; check the workers' logs, or raise "
+                "it"
+            )
+        return int(ray.get(forms[0]))
 
     def _follow(self, streams: list[Stream], members: list[Member]) -> _End:
         config = self.config
@@ -394,12 +418,45 @@ class ElasticController:
         event = ResizeEvent(
             source.step, len(members), len(new), end.reason, time.monotonic() - end.began
         )
+        self._note_resize(event)
+        return new, source
+
+    def _note_resize(self, event: ResizeEvent) -> None:
         self.resizes.append(event)
         self.metrics.write_event({"event": "resize", **_event_record(event)})
         self.bar.note(f"[unipar] resize {event}")
         for callback in self.callbacks:
             callback.on_resize(event)
+
+    def _reform_broken(
+        self, members: list[Member], source: _Source, broken: _FormBroken
+    ) -> tuple[list[Member], _Source]:
+        """The next gang after members were lost while one formed: the survivors (topped
+        up to the minimum) from the same state (a formation trains no step). Survivors
+        that kept their replica's state keep it, or one of them writes it out for all."""
+        began = time.monotonic()
+        new = self._at_least_min(broken.survivors)
+        new = new[: self._usable(min(len(new), self._most()))]
+        self.supervisor.kill([m for m in broken.survivors if m not in new])
+        if source.keep:
+            holders = [m for m in new if m.pid in source.keep]
+            if not holders:
+                source = self._lost_holders_source()
+            elif len(holders) < len(new) or not replicated(self.plan_for(len(new))):
+                source = _Source(source.step, snapshot=[holders[0].actor.export_state.remote()])
+            else:
+                source = _Source(source.step, keep=frozenset(m.pid for m in holders))
+        event = ResizeEvent(source.step, len(members), len(new),
+                            "worker lost while the gang formed", time.monotonic() - began)
+        self._note_resize(event)
         return new, source
+
+    def _lost_holders_source(self) -> _Source:
+        """The state once no process holds it: the newer of the snapshot and the disk."""
+        newest = latest_checkpoint(self.policy.directory) or self.resume_from
+        if self._snapshot is not None and self._snapshot[0] >= _checkpoint_step(newest):
+            return self._from_snapshot()
+        return _disk_source(newest)  # the newer state: fewer steps redone
 
     def _most(self) -> int:
         """The most workers now: the size target's, within the job's range."""
@@ -435,10 +492,7 @@ class ElasticController:
             if replicated(self.plan_for(len(new))) and all(m in holders for m in new):
                 return _Source(top, keep=frozenset(m.pid for m in new))
             return _Source(top, snapshot=[holders[0].actor.export_state.remote()])
-        newest = latest_checkpoint(self.policy.directory) or self.resume_from
-        if self._snapshot is not None and self._snapshot[0] >= _checkpoint_step(newest):
-            return self._from_snapshot()
-        return _disk_source(newest)  # the newer state: fewer steps redone
+        return self._lost_holders_source()
 
     def _from_snapshot(self) -> _Source:
         assert self._snapshot is not None
@@ -462,6 +516,31 @@ class ElasticController:
             self.bar.update(metrics)
             for callback in self.callbacks:
                 callback.on_step(metrics, self.workers)
+
+
+def _gather_forms(
+    forms: list[ray.ObjectRef], timeout_s: float
+) -> tuple[dict[int, BaseException], ray.exceptions.RayTaskError | None]:
+    """Wait for the members' ``form`` calls; the ranks whose processes were lost, and the
+    first error a form raised. At the first loss or error it stops waiting; after an
+    error, Ray is given a grace period to report a lost peer (the error may be the
+    broken connection to it)."""
+    lost: dict[int, BaseException] = {}
+    failed: ray.exceptions.RayTaskError | None = None
+    pending, until = list(forms), time.monotonic() + timeout_s
+    while pending and not lost:
+        left = until - time.monotonic() if failed is None else _GRACE_S
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, left))
+        if not ready:
+            break
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except PROCESS_LOST as error:
+                lost[forms.index(ref)] = error
+            except ray.exceptions.RayTaskError as error:
+                failed = failed or error
+    return lost, failed
 
 
 def _disk_source(path: Path | None) -> _Source:

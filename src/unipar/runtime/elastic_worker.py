@@ -113,7 +113,10 @@ class ElasticWorker:
         )
         previous = self.trainer
         dataset = previous.dataset if previous is not None else None
-        self.trainer = Trainer(
+        # The new trainer replaces the previous one only once it holds the state: if this
+        # formation breaks (a peer lost meanwhile), this rank still holds its state as it
+        # was, for the next formation to keep or export.
+        trainer = Trainer(
             self.job,
             plan,
             rank=rank,
@@ -122,24 +125,22 @@ class ElasticWorker:
             checkpoints=self.checkpoints,
             dataset=dataset,
         )
-        trainer = self.trainer
         if keep and previous is not None and self.committed == start_step:
-            self.committed = trainer.adopt(previous, start_step)
-            settle_heap()
-            return start_step
-        parts: list[SnapshotPart] = ray.get(snapshot) if snapshot else []
-        trainer.start_step = trainer.setup(
-            None if snapshot else resume_from, adapt_state_of(parts) if parts else None
-        )
-        if snapshot:
-            load_from_memory(
-                parts,
-                parts=trainer.model.parts,
-                optimizers=trainer.optimizers,
-                collective=rendezvous.world_size > 1,
+            trainer.adopt(previous, start_step)
+        else:
+            parts: list[SnapshotPart] = ray.get(snapshot) if snapshot else []
+            trainer.start_step = trainer.setup(
+                None if snapshot else resume_from, adapt_state_of(parts) if parts else None
             )
-            trainer.start_step = start_step
-        self.committed = trainer.start_step
+            if snapshot:
+                load_from_memory(
+                    parts,
+                    parts=trainer.model.parts,
+                    optimizers=trainer.optimizers,
+                    collective=rendezvous.world_size > 1,
+                )
+                trainer.start_step = start_step
+        self.trainer, self.committed = trainer, trainer.start_step
         settle_heap()
         return trainer.start_step
 
