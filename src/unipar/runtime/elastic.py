@@ -143,6 +143,7 @@ class ElasticController:
         self.workers: list[WorkerInfo] = []
         self.plan: Plan | None = None
         self._snapshot: tuple[int, list[SnapshotPart]] | None = None
+        self._joiners: list[Member] = []  # started workers the present gang may grow by
         needs = {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker}
         self.supervisor = Supervisor(self._make_actor, needs)
 
@@ -190,7 +191,7 @@ class ElasticController:
                 members, source = self._reform(members, end)
         finally:
             self.supervisor.cancel_pending()
-            self.supervisor.kill(members)
+            self.supervisor.kill(members + self._joiners)
             self.host.close()
             self.bar.close()
 
@@ -291,6 +292,7 @@ class ElasticController:
         dead: list[Member] = []
         leaving: list[Member] = []
         joiners: list[Member] = []
+        self._joiners = joiners  # killed by run() if this raises
         reason, began, lost_at = "", 0.0, 0.0
         stop_requested = False
         interrupted_at: float | None = None
@@ -443,7 +445,7 @@ class ElasticController:
             if not holders:
                 source = self._lost_holders_source()
             elif len(holders) < len(new) or not replicated(self.plan_for(len(new))):
-                source = _Source(source.step, snapshot=[holders[0].actor.export_state.remote()])
+                source = _Source(source.step, snapshot=[_export(holders, new)])
             else:
                 source = _Source(source.step, keep=frozenset(m.pid for m in holders))
         event = ResizeEvent(source.step, len(members), len(new),
@@ -491,7 +493,7 @@ class ElasticController:
             holders = [m for m in survivors if committed.get(m.pid) == top]
             if replicated(self.plan_for(len(new))) and all(m in holders for m in new):
                 return _Source(top, keep=frozenset(m.pid for m in new))
-            return _Source(top, snapshot=[holders[0].actor.export_state.remote()])
+            return _Source(top, snapshot=[_export(holders, new)])
         return self._lost_holders_source()
 
     def _from_snapshot(self) -> _Source:
@@ -541,6 +543,17 @@ def _gather_forms(
             except ray.exceptions.RayTaskError as error:
                 failed = failed or error
     return lost, failed
+
+
+def _export(holders: list[Member], new: list[Member]) -> ray.ObjectRef:
+    """A replica's whole state, written out by one of ``holders`` for the ``new`` gang: by
+    a member of it where one holds the state; else by one about to be stopped (a leaving
+    member), waited for here, before it is stopped."""
+    exporter = next((m for m in holders if m in new), holders[0])
+    ref = exporter.actor.export_state.remote()
+    if exporter not in new:
+        ray.wait([ref], timeout=_SURVIVOR_GRACE_S)
+    return ref
 
 
 def _disk_source(path: Path | None) -> _Source:

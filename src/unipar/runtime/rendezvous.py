@@ -92,6 +92,10 @@ class StopSignal:
                     # Alone, rank 0 can stop at once; with peers, after one more step.
                     self._stop_at = step + (self.world_size > 1)
                     self.store.set(_STOP_AT, str(self._stop_at))
+                    # set is sent without a reply: a check on this connection returns once
+                    # the server holds the key, before this rank's next collective lets a
+                    # peer finish step k and look for it
+                    self.store.check([_STOP_AT])
             elif self.store.check([_STOP_AT]):
                 self._stop_at = int(self.store.get(_STOP_AT))
         return self._stop_at is not None and step >= self._stop_at
