@@ -260,3 +260,36 @@ def test_a_worker_lost_while_the_gang_forms_is_a_failure_not_the_end(dp_referenc
     assert [(e.old, e.new) for e in result.resizes][:2] == [(2, 1), (1, 2)]
     _check_samples(result, job)
     _assert_same_losses(result, dp_reference)
+
+
+class FreeCPUsAt(Callback):
+    """Notes the cluster's free CPUs once step ``at`` is recorded."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.free, self.size = at, None, 0
+
+    def on_step(self, metrics, workers):  # type: ignore[no-untyped-def]
+        if metrics.step == self.at:
+            self.free, self.size = ray.available_resources().get("CPU", 0.0), len(workers)
+
+
+def test_a_gang_does_not_hold_a_cpu_it_cannot_grow_into(ray_cluster, tmp_path):
+    """Batch 8 on a cluster with 3 CPUs free: the gang runs on 2 (3 does not divide the
+    batch) and leaves the third CPU free, for other work, instead of starting a worker
+    that could never join (it held the CPU for the whole run)."""
+
+    @ray.remote(num_cpus=1)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.remote()
+    ray.get(holder.ready.remote())
+    try:
+        probe = FreeCPUsAt(60)
+        result = fit(slow_mlp_job(80), workers=(1, 4), run_dir=tmp_path, callbacks=[probe],
+                     **RUN)
+    finally:
+        ray.kill(holder)
+    assert probe.size == 2 and result.resizes == ()
+    assert probe.free == 1.0

@@ -68,6 +68,7 @@ _CLUSTER_CHECK_S = 1.0  # how often the cluster is asked for free room and drain
 # (and at every poll while the size target has moved or joiners start up)
 _SURVIVOR_GRACE_S = 30.0  # survivors still not done this long after a loss are given up
 _GRACE_S = 3.0  # after a failed step, how long to wait for Ray to report a lost peer
+_JOINER_WAIT_S = 30.0  # workers started to grow still not placed by then are given up
 _STOPPING_POLL_S = 0.02  # how often the streams are read while the gang pauses to resize
 
 
@@ -144,6 +145,7 @@ class ElasticController:
         self.plan: Plan | None = None
         self._snapshot: tuple[int, list[SnapshotPart]] | None = None
         self._joiners: list[Member] = []  # started workers the present gang may grow by
+        self._started_joiners_at = 0.0  # when the last workers to grow by were started
         needs = {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker}
         self.supervisor = Supervisor(self._make_actor, needs)
 
@@ -365,10 +367,12 @@ class ElasticController:
         return _End(streams, dead, leaving, joiners, reason, began)
 
     def _grow(self, size: int, joiners: list[Member]) -> str:
-        """Start workers in the background while there is room; once they are up and
-        make a size the plan takes, the reason to re-form with them (else ""). Joiners
-        past a size target lowered meanwhile are stopped (a re-formation for them would
-        only pause the gang)."""
+        """Start workers in the background toward the largest size the plan takes within
+        the room (a worker that makes no such size would hold its resources idle); once
+        they are up, the reason to re-form with them (else ""). Joiners past a size
+        target lowered meanwhile are stopped (a re-formation for them would only pause
+        the gang); workers still not placed ``_JOINER_WAIT_S`` after they were started
+        (the room went to other work meanwhile) are given up, so those up can join."""
         most = self._most()
         extra = size + len(joiners) + len(self.supervisor.pending) - most
         if extra > 0:
@@ -377,13 +381,18 @@ class ElasticController:
             if extra > 0:
                 self.supervisor.kill(joiners[-extra:])
                 del joiners[-extra:]
-        room_left = most - size - len(joiners) - len(self.supervisor.pending)
-        if room_left > 0 and not self.supervisor.pending:
-            free = self.supervisor.room()
-            if free > 0:
-                self.supervisor.start_in_background(min(free, room_left))
-        if joiners and not self.supervisor.pending and self._usable(size + len(joiners)) > size:
-            return "resources free"
+        have = size + len(joiners)
+        if have < most and not self.supervisor.pending:
+            goal = self._usable(min(most, have + self.supervisor.room()))
+            if goal > have:
+                self.supervisor.start_in_background(goal - have)
+                self._started_joiners_at = time.monotonic()
+        if joiners and self._usable(have) > size:
+            if not self.supervisor.pending:
+                return "resources free"
+            if time.monotonic() - self._started_joiners_at > _JOINER_WAIT_S:
+                self.supervisor.cancel_pending()
+                return "resources free"
         return ""
 
     def _lost(self, rank: int, error: BaseException) -> None:
