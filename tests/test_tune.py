@@ -226,3 +226,24 @@ def test_pbt_mutates_a_grid_parameter_over_its_values():
     pbt = build_scheduler(SchedulerKind.PBT, space, max_steps=10, grace_steps=2,
                           perturbation_steps=2, seed=0)
     assert pbt._hyperparam_mutations["seed"] == [0, 1]
+
+
+def test_a_missing_plot_extra_is_refused_before_any_trial(tmp_path, monkeypatch):
+    """The curves are drawn after every trial: without matplotlib the run stops before it
+    starts (it used to train every trial, then fail at the plot and lose the results)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    with pytest.raises(ConfigError, match=r"unipar\[plot\]"):
+        _tune(tmp_path)
+    assert not (tmp_path / "x").exists()
+
+
+def test_results_are_written_before_the_plot(tmp_path):
+    from unipar.tuning.report import TrialRow, write_results
+
+    rows = [
+        TrialRow("b", {"lr": 0.1}, 0.5, 4, "done"),
+        TrialRow("a", {"lr": 1.0}, 0.9, 2, "stopped"),
+    ]
+    saved = json.loads(write_results(rows, "loss", tmp_path / "x").read_text())
+    assert [(r["trial_id"], r["value"]) for r in saved] == [("b", 0.5), ("a", 0.9)]
+    assert "loss" in (tmp_path / "x" / "results.txt").read_text().splitlines()[0]

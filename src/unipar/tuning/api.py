@@ -21,9 +21,16 @@ from unipar.tuning.choices import (
     build_searcher,
     parse_kind,
 )
-from unipar.tuning.report import LiveProgress, TrialRow, draw_curves, format_table
+from unipar.tuning.report import (
+    LiveProgress,
+    TrialRow,
+    draw_curves,
+    format_table,
+    write_results,
+)
 from unipar.tuning.space import SearchSpace, load_space
 from unipar.tuning.trainable import REPORTED, MakeJob, TrialSettings, gang_resources, run_trial
+from unipar.viz.draw import require_plot_extra
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,9 @@ def tune(
     hyperband, median, pbt or pb2. ``pruner``: any Optuna pruner (needs the optuna
     searcher). ``perturbation_interval``: steps between PBT/PB2 exploits (default a quarter
     of the job's steps). ``resume``: continue the experiment ``name`` under ``storage_path``
-    (Tune's experiment restore; finished trials are not rerun)."""
+    (Tune's experiment restore; finished trials are not rerun). ``plot``: draw
+    ``loss_curves.png`` (needs the ``plot`` extra, checked before any trial starts); the
+    table and ``results.json`` are written first either way."""
     from ray import tune as ray_tune
 
     from unipar.ray_session import ray_session
@@ -84,6 +93,8 @@ def tune(
     scheduler_kind = parse_kind(SchedulerKind, scheduler, "scheduler")
     _check_settings(metric, mode, num_samples, workers_per_trial, pruner, searcher_kind)
     _check_pairing(searcher_kind, scheduler_kind)
+    if plot:
+        require_plot_extra()  # the curves are drawn at the end: say so before any trial
     job = _first_job(make_job, space_)
     name = name or f"{job.name}-tune"
     experiment = Path(storage_path).resolve() / name
@@ -298,6 +309,7 @@ def _collect(
         )
     sign = 1.0 if mode == "min" else -1.0
     rows.sort(key=lambda r: (r.value != r.value, sign * r.value if r.value == r.value else 0.0))
+    write_results(rows, metric, experiment)  # kept whatever happens next
     best = grid.get_best_result(metric=metric, mode=mode, scope="last")
     png = draw_curves(curves, metric, experiment / "loss_curves.png") if plot else None
     best_row = rows[0]

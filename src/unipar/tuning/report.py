@@ -1,12 +1,14 @@
 """What a tuning run shows: a line per running trial and an overall bar while it runs;
-then a sorted table and a PNG of every trial's loss curve (stopped ones marked)."""
+then a sorted table (also written as ``results.txt``/``results.json``) and a PNG of every
+trial's loss curve (stopped ones marked)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,15 @@ def format_table(rows: Sequence[TrialRow], metric: str) -> str:
         "  ".join(x.ljust(w) for x, w in zip(line, widths, strict=False)) for line in [head, *body]
     ]
     return "\n".join(lines)
+
+
+def write_results(rows: Sequence[TrialRow], metric: str, folder: Path) -> Path:
+    """The sorted table as ``results.txt`` and the rows as ``results.json`` in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.txt").write_text(format_table(rows, metric) + "\n")
+    path = folder / "results.json"
+    path.write_text(json.dumps([asdict(r) for r in rows], indent=1, default=str) + "\n")
+    return path
 
 
 def _short(value: Any) -> str:
