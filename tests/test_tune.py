@@ -5,6 +5,7 @@ cluster (4 CPUs, one worker per trial), combined so that the whole file stays sh
 from __future__ import annotations
 
 import json
+import numbers
 import signal
 import sys
 import threading
@@ -43,6 +44,10 @@ def _tune(tmp_path: Path, space=SPACE, **kwargs):
         ({"lr": {"uniform": [0.1, 0.01]}}, "low < high"),
         ({"lr": {"loguniform": [0.0, 0.1]}}, "low > 0"),
         ({"lr": {"uniform": [0.1]}}, "two numbers"),
+        ({"lr": {"quniform": [0.05, 1.0, 0.1]}}, "multiples of q"),
+        ({"n": {"qrandint": [1, 4, 5]}}, "no multiple of q=5"),
+        ({"n": {"randint": [1, 4.5]}}, "needs integers"),
+        ({"w": {"randn": [0.0, 0.0]}}, "sd > 0"),
         ({"lr": {"uniform": [0, 1], "choice": [1]}}, "exactly one kind"),
         ([1, 2], "must be a mapping"),
     ],
@@ -247,3 +252,97 @@ def test_results_are_written_before_the_plot(tmp_path):
     saved = json.loads(write_results(rows, "loss", tmp_path / "x").read_text())
     assert [(r["trial_id"], r["value"]) for r in saved] == [("b", 0.5), ("a", 0.9)]
     assert "loss" in (tmp_path / "x" / "results.txt").read_text().splitlines()[0]
+
+
+# -- each backend samples what Ray Tune's sampler of the same name samples ------------
+
+N = 300
+
+
+def _draws(backend: str, spec, n: int = N) -> list:
+    """``n`` values of the space's one parameter, as ``backend`` samples it."""
+    import numpy as np
+
+    from unipar.tuning.backends import from_optuna, hyperopt_expression, optuna_distribution
+
+    [param] = load_space({"x": spec}).params
+    if backend == "tune":
+        return list(param.tune_domain().sample(size=n, random_state=np.random.default_rng(0)))
+    if backend == "hyperopt":
+        from hyperopt.pyll import stochastic
+
+        rng = np.random.default_rng(0)
+        return [stochastic.sample(hyperopt_expression(param), rng=rng) for _ in range(n)]
+    import optuna
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    dist = {"x": optuna_distribution(param)}
+    return [from_optuna(param, study.ask(dist).params["x"]) for _ in range(n)]
+
+
+@pytest.mark.parametrize("backend", ["tune", "optuna", "hyperopt"])
+@pytest.mark.parametrize(
+    ("spec", "values"),
+    [
+        ({"randint": [0, 4]}, {0, 1, 2, 3}),  # upper bound excluded
+        ({"lograndint": [1, 4]}, {1, 2, 3}),
+        ({"qrandint": [0, 10, 5]}, {0, 5, 10}),  # upper bound included for q > 1
+        ({"qrandint": [1, 4, 1]}, {1, 2, 3}),  # ... and excluded for q = 1
+        ({"qlograndint": [2, 8, 2]}, {2, 4, 6, 8}),
+        ({"qrandint": [3, 13, 5]}, {5, 10}),  # multiples of q, not low + k * q
+    ],
+)
+def test_integer_kinds_sample_tunes_values_in_every_backend(backend, spec, values):
+    draws = _draws(backend, spec)
+    assert set(draws) == values
+    assert all(isinstance(v, numbers.Integral) for v in draws)
+
+
+@pytest.mark.parametrize("backend", ["tune", "optuna", "hyperopt"])
+@pytest.mark.parametrize(
+    ("spec", "q", "middle"),
+    [
+        ({"qloguniform": [1e-3, 1.0, 1e-3]}, 1e-3, 0.0316),  # log scale: half below sqrt
+        ({"loguniform": [1e-3, 1.0]}, None, 0.0316),
+        ({"quniform": [0.0, 1.0, 0.1]}, 0.1, 0.5),
+        ({"lograndint": [1, 1001]}, 1, 31.6),
+    ],
+)
+def test_range_kinds_keep_tunes_scale_and_q_in_every_backend(backend, spec, q, middle):
+    draws = _draws(backend, spec)
+    low = min(spec[next(iter(spec))][:2])
+    assert 0.35 < sum(v < middle for v in draws) / N < 0.65, sorted(draws)[:: N // 10]
+    assert min(draws) >= low
+    if q is not None:
+        assert all(abs(v / q - round(v / q)) < 1e-6 for v in draws)
+
+
+def test_tune_domains_keep_their_kind():
+    from ray import tune as ray_tune
+
+    space = load_space(
+        {
+            "a": ray_tune.qloguniform(1e-3, 1.0, 1e-3),
+            "b": ray_tune.lograndint(1, 100),
+            "c": ray_tune.qrandint(0, 10, 5),
+            "d": ray_tune.randn(0.0, 2.0),
+            "e": ray_tune.qrandn(1.0, 2.0, 0.5),
+        }
+    )
+    assert [(p.kind, p.values) for p in space.params] == [
+        (ParamKind.QLOGUNIFORM, (1e-3, 1.0, 1e-3)),
+        (ParamKind.LOGRANDINT, (1, 100)),
+        (ParamKind.QRANDINT, (0, 10, 5)),
+        (ParamKind.RANDN, (0.0, 2.0)),
+        (ParamKind.QRANDN, (1.0, 2.0, 0.5)),
+    ]
+
+
+def test_a_normal_goes_to_hyperopt_and_is_refused_by_optuna(tmp_path):
+    import statistics
+
+    draws = _draws("hyperopt", {"randn": [3.0, 0.5]})
+    assert abs(statistics.mean(draws) - 3.0) < 0.15 and 0.4 < statistics.stdev(draws) < 0.6
+    with pytest.raises(ConfigError, match="optuna searcher cannot sample"):
+        _tune(tmp_path, {"lr": {"randn": [0.01, 0.001]}}, searcher="optuna")
+    assert not (tmp_path / "x").exists()

@@ -93,6 +93,10 @@ def tune(
     scheduler_kind = parse_kind(SchedulerKind, scheduler, "scheduler")
     _check_settings(metric, mode, num_samples, workers_per_trial, pruner, searcher_kind)
     _check_pairing(searcher_kind, scheduler_kind)
+    if searcher_kind is SearcherKind.OPTUNA:  # a space Optuna cannot sample fails now
+        from unipar.tuning.optuna_driver import optuna_distributions
+
+        optuna_distributions(space_)
     if plot:
         require_plot_extra()  # the curves are drawn at the end: say so before any trial
     job = _first_job(make_job, space_)
@@ -242,8 +246,7 @@ def _new_tuner(
     else:
         search_alg = build_searcher(searcher_kind, space, metric, mode, seed)
         if search_alg is not None:
-            param_space = {}
-            search_alg.searcher.set_search_properties(metric, mode, space.tune_space())
+            param_space = {}  # the searcher holds the space, in its own form
     scheduler = build_scheduler(
         scheduler_kind,
         space,

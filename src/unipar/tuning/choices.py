@@ -6,6 +6,7 @@ from enum import Enum
 from typing import Any
 
 from unipar.errors import ConfigError
+from unipar.tuning.backends import hyperopt_expression
 from unipar.tuning.space import ParamKind, SearchSpace
 
 
@@ -53,7 +54,10 @@ def build_searcher(
         try:
             from ray.tune.search.hyperopt import HyperOptSearch
 
-            searcher = HyperOptSearch(metric=metric, mode=mode, random_state_seed=seed)
+            space_ = {p.name: hyperopt_expression(p) for p in space.params}
+            searcher = HyperOptSearch(
+                space_, metric=metric, mode=mode, random_state_seed=seed
+            )
         except (ImportError, AssertionError):
             raise ConfigError(
                 "the hyperopt searcher needs hyperopt, which is not installed; "

@@ -14,7 +14,8 @@ from typing import Any
 from ray.tune import Stopper
 from ray.tune.search import Searcher
 
-from unipar.tuning.space import SearchSpace
+from unipar.tuning.backends import from_optuna, optuna_distribution
+from unipar.tuning.space import ParamKind, SearchSpace
 
 
 def _optuna() -> Any:
@@ -30,6 +31,14 @@ def _optuna() -> Any:
     return optuna
 
 
+def optuna_distributions(space: SearchSpace) -> dict[str, Any]:
+    """Optuna's distribution of each parameter that is not a constant."""
+    _optuna()
+    return {
+        p.name: optuna_distribution(p) for p in space.params if p.kind is not ParamKind.CONSTANT
+    }
+
+
 class OptunaDriver:
     """One Optuna study and the trials in flight (Tune trial id -> Optuna trial)."""
 
@@ -39,11 +48,8 @@ class OptunaDriver:
         optuna = _optuna()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.metric, self.mode = metric, mode
-        self.distributions = {
-            p.name: p.optuna_distribution()
-            for p in space.params
-            if p.optuna_distribution() is not None
-        }
+        self.params = {p.name: p for p in space.params if p.kind is not ParamKind.CONSTANT}
+        self.distributions = optuna_distributions(space)
         self.constants = space.constants()
         self.study = optuna.create_study(
             sampler=optuna.samplers.TPESampler(seed=seed),
@@ -56,7 +62,8 @@ class OptunaDriver:
     def ask(self, trial_id: str) -> dict[str, Any]:
         trial = self.study.ask(self.distributions)
         self.live[trial_id] = trial
-        return {**self.constants, **trial.params}
+        sampled = {n: from_optuna(self.params[n], v) for n, v in trial.params.items()}
+        return {**self.constants, **sampled}
 
     def report(self, trial_id: str, result: dict[str, Any]) -> bool:
         """Pass one result to the pruner; True when Optuna prunes the trial."""
