@@ -346,3 +346,19 @@ def test_a_normal_goes_to_hyperopt_and_is_refused_by_optuna(tmp_path):
     with pytest.raises(ConfigError, match="optuna searcher cannot sample"):
         _tune(tmp_path, {"lr": {"randn": [0.01, 0.001]}}, searcher="optuna")
     assert not (tmp_path / "x").exists()
+
+
+def test_the_schedulers_horizon_is_the_most_steps_a_searched_steps_gives():
+    from unipar.tuning.api import _most_steps
+
+    space = load_space({"lr": {"loguniform": [1e-3, 1e-2]}, "steps": {"choice": [12, 4, 20]}})
+    assert _most_steps(tune_jobs.make_job, space, 12) == 20
+    ranged = load_space({"lr": {"choice": [1e-2]}, "steps": {"qrandint": [4, 30, 4]}})
+    assert _most_steps(tune_jobs.make_job, ranged, 4) == 28
+
+
+def test_each_trial_runs_its_own_searched_steps(ray_cluster, tmp_path):
+    """The first job has 4 steps; the trial with 8 used to be stopped at step 4."""
+    space = {"lr": {"choice": [1e-2]}, "steps": {"grid": [4, 8]}}
+    result = _tune(tmp_path, space, num_samples=1, searcher="grid", scheduler="asha")
+    assert sorted((r.steps, r.status) for r in result.rows) == [(4, "done"), (8, "done")]

@@ -100,13 +100,11 @@ def tune(
     if plot:
         require_plot_extra()  # the curves are drawn at the end: say so before any trial
     job = _first_job(make_job, space_)
+    most_steps = _most_steps(make_job, space_, job.steps)  # a searched `steps` varies it
     name = name or f"{job.name}-tune"
     experiment = Path(storage_path).resolve() / name
     settings = TrialSettings(
-        workers=workers_per_trial,
-        cpus_per_worker=cpus_per_worker,
-        checkpoint_every=max(1, job.steps // 8),
-        max_failures=max_failures,
+        workers=workers_per_trial, cpus_per_worker=cpus_per_worker, max_failures=max_failures
     )
     with ray_session(address):
         from unipar.ray_session import require_resources
@@ -122,7 +120,7 @@ def tune(
             tuner = _new_tuner(
                 trainable,
                 space_,
-                steps=job.steps,
+                steps=most_steps,
                 metric=metric,
                 mode=mode,
                 num_samples=num_samples,
@@ -138,7 +136,7 @@ def tune(
                 perturbation_steps=perturbation_interval or max(1, job.steps // 4),
             )
         grid = tuner.fit()
-        return _collect(grid, metric, mode, job.steps, experiment, plot)
+        return _collect(grid, metric, mode, experiment, plot)
 
 
 def _check_settings(
@@ -175,10 +173,13 @@ def _check_pairing(searcher: SearcherKind, scheduler: SchedulerKind) -> None:
 
 def _first_job(make_job: MakeJob, space: SearchSpace) -> Any:
     """A job built from the first point of the space, so a broken factory fails now."""
+    return _built(make_job, {p.name: p.ends()[0] for p in space.params})  # a range's low end
+
+
+def _built(make_job: MakeJob, config: dict[str, Any]) -> Any:
     from unipar.job import Job
     from unipar.job_file import user_code_error
 
-    config = {p.name: p.values[0] for p in space.params}  # a range's low end
     try:
         job = make_job(config)
     except Exception as error:
@@ -188,6 +189,14 @@ def _first_job(make_job: MakeJob, space: SearchSpace) -> Any:
             f"make_job(config) must return a unipar.Job, but got {type(job).__name__}"
         )
     return job
+
+
+def _most_steps(make_job: MakeJob, space: SearchSpace, first_steps: int) -> int:
+    """The most steps of the jobs built from the first config with one parameter at one
+    of its ends: the schedulers' horizon (``max_t``) when the steps are searched."""
+    first = {p.name: p.ends()[0] for p in space.params}
+    configs = [{**first, p.name: end} for p in space.params for end in p.ends()[1:]]
+    return max([first_steps, *(_built(make_job, c).steps for c in configs)])
 
 
 def _refuse_overwrite(experiment: Path) -> None:
@@ -233,8 +242,8 @@ def _new_tuner(
     from ray.tune.logger import TBXLoggerCallback
     from ray.tune.stopper import CombinedStopper, FunctionStopper
 
-    # A trial that reached the job's last step is done: no scheduler may pause it then.
-    stops: list[Any] = [FunctionStopper(partial(_at_last_step, steps))]
+    # A trial that reached its job's last step is done: no scheduler may pause it then.
+    stops: list[Any] = [FunctionStopper(_at_last_step)]
     param_space = space.tune_space()
     if searcher_kind is SearcherKind.OPTUNA:
         from unipar.tuning.optuna_driver import OptunaDriver, OptunaPruning, OptunaSearcher
@@ -279,13 +288,12 @@ def _new_tuner(
     )
 
 
-def _at_last_step(steps: int, trial_id: str, result: dict[str, Any]) -> bool:
-    return int(result.get("step", 0)) >= steps
+def _at_last_step(trial_id: str, result: dict[str, Any]) -> bool:
+    """The trial reached its own job's last step (each trial reports its job's steps)."""
+    return int(result.get("step", 0)) >= int(result.get("job_steps", float("inf")))
 
 
-def _collect(
-    grid: Any, metric: str, mode: str, steps: int, experiment: Path, plot: bool
-) -> TuneResult:
+def _collect(grid: Any, metric: str, mode: str, experiment: Path, plot: bool) -> TuneResult:
     rows, curves = [], {}
     for result in grid:
         frame = result.metrics_dataframe
@@ -295,7 +303,8 @@ def _collect(
             rows.append(TrialRow(trial_id, dict(result.config or {}), float("nan"), 0, "error"))
             continue
         last_step = int(frame["step"].iloc[-1])
-        status = "error" if result.error else ("done" if last_step >= steps else "stopped")
+        done = last_step >= int(frame["job_steps"].iloc[-1])
+        status = "error" if result.error else ("done" if done else "stopped")
         curves[trial_id] = (
             frame["step"].astype(int).tolist(),
             frame[metric].astype(float).tolist(),

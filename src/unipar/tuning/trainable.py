@@ -34,7 +34,6 @@ KEEP = 10
 class TrialSettings:
     workers: int
     cpus_per_worker: float = 1.0
-    checkpoint_every: int = 2
     max_failures: int = 3
 
 
@@ -62,6 +61,7 @@ class _ReportToTune(Callback):
         row = {k: v for k, v in asdict(metrics).items() if k in REPORTED}
         row["step"] = metrics.step + 1
         row["resumed_from"] = self.resumed_from
+        row["job_steps"] = self.steps  # this trial's own (the steps may be searched)
         if row["step"] == self.steps:  # the last report carries the final checkpoint
             _wait_for(self.checkpoints / checkpoint_name(self.steps))
         # The newest checkpoint not past this step: workers may run ahead of the reports.
@@ -114,7 +114,7 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSetti
         cpus_per_worker=settings.cpus_per_worker,
         run_dir=run_dir,
         checkpoint_dir=run_dir / "checkpoints",
-        checkpoint_every=settings.checkpoint_every,
+        checkpoint_every=max(1, job.steps // 8),
         keep_checkpoints=KEEP,
         resume=resume,
         max_failures=settings.max_failures,
