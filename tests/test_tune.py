@@ -362,3 +362,14 @@ def test_each_trial_runs_its_own_searched_steps(ray_cluster, tmp_path):
     space = {"lr": {"choice": [1e-2]}, "steps": {"grid": [4, 8]}}
     result = _tune(tmp_path, space, num_samples=1, searcher="grid", scheduler="asha")
     assert sorted((r.steps, r.status) for r in result.rows) == [(4, "done"), (8, "done")]
+
+
+def test_an_optuna_experiment_resumes(ray_cluster, tmp_path):
+    """The searcher saves its study: a resume used to fail to restore the run and start
+    a new experiment in its place."""
+    space = {"lr": {"loguniform": [1e-3, 3e-2]}, "steps": 4}
+    options = {"searcher": "optuna", "scheduler": "fifo", "num_samples": 2, "plot": False}
+    first = _tune(tmp_path, space, **options)
+    resumed = _tune(tmp_path, space, resume=True, **options)
+    assert sorted(r.trial_id for r in resumed.rows) == sorted(r.trial_id for r in first.rows)
+    assert [r.status for r in resumed.rows] == ["done", "done"]

@@ -1,14 +1,17 @@
 """Optuna driven by unipar: its sampler through ask/tell, its pruner on every report.
 
 Tune's ``OptunaSearch`` never calls the study's pruner. Here one study is shared by a Tune
-``Searcher`` (``suggest`` asks, ``on_trial_complete`` tells) and a Tune ``Stopper``
-(each result goes to ``trial.report(value, step)``; ``trial.should_prune()`` stops the
-trial, which is then told as pruned). Sampling and pruning stay Optuna's (Akiba et al.
+``Searcher`` (``suggest`` asks, ``on_trial_complete`` tells, ``save``/``restore`` keep the
+study for a resumed experiment) and a Tune ``Stopper`` (each result goes to
+``trial.report(value, step)``; ``trial.should_prune()`` stops the trial, which is then told
+as pruned). Sampling and pruning stay Optuna's (Akiba et al.
 2019, "Optuna: A Next-generation Hyperparameter Optimization Framework").
 """
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
 from typing import Any
 
 from ray.tune import Stopper
@@ -99,6 +102,16 @@ class OptunaSearcher(Searcher):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         return self.driver.ask(trial_id)
+
+    def save(self, checkpoint_path: str) -> None:
+        """The study and the trials in flight, for ``resume`` (Tune calls this)."""
+        state = (self.driver.study, self.driver.live, self.driver.pruned)
+        Path(checkpoint_path).write_bytes(pickle.dumps(state))
+
+    def restore(self, checkpoint_path: str) -> None:
+        """Back to a saved study: a resumed trial is told to the Optuna trial it was."""
+        state = pickle.loads(Path(checkpoint_path).read_bytes())
+        self.driver.study, self.driver.live, self.driver.pruned = state
 
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
