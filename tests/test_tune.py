@@ -373,3 +373,39 @@ def test_an_optuna_experiment_resumes(ray_cluster, tmp_path):
     resumed = _tune(tmp_path, space, resume=True, **options)
     assert sorted(r.trial_id for r in resumed.rows) == sorted(r.trial_id for r in first.rows)
     assert [r.status for r in resumed.rows] == ["done", "done"]
+
+
+def _sampled_configs(searcher: str, seed, samples: int = 3) -> list[dict]:
+    """The configs the searcher gives its trials, without running them."""
+    from ray.tune.experiment import Experiment
+
+    from unipar.tuning.choices import SearcherKind, build_searcher
+
+    space = load_space({"lr": {"loguniform": [1e-4, 1e-1]}, "seed": {"grid": [0, 1]}})
+    generator = build_searcher(SearcherKind(searcher), space, "loss", "min", seed)
+    generator.add_configurations(
+        [Experiment("x", tune_jobs.make_job, config=space.tune_space(), num_samples=samples)]
+    )
+    configs = []
+    while (trial := generator.next_trial()) is not None:
+        configs.append(trial.config)
+    return configs
+
+
+@pytest.mark.parametrize("searcher", ["random", "grid"])
+def test_random_and_grid_sampling_follow_the_seed(searcher):
+    first = _sampled_configs(searcher, seed=0)
+    assert len(first) == 6 and first == _sampled_configs(searcher, seed=0)
+    assert first != _sampled_configs(searcher, seed=1)
+
+
+def test_hyperopt_runs_as_many_trials_at_once_as_asked(tmp_path):
+    from unipar.tuning.choices import SearcherKind, build_searcher
+
+    space = load_space(SPACE)
+    limited = build_searcher(SearcherKind.HYPEROPT, space, "loss", "min", 0, max_concurrent=6)
+    assert limited.max_concurrent == 6  # was capped at 4 whatever was asked
+    unlimited = build_searcher(SearcherKind.HYPEROPT, space, "loss", "min", 0)
+    assert getattr(unlimited, "max_concurrent", None) is None
+    with pytest.raises(ConfigError, match="max_concurrent must be at least 1"):
+        _tune(tmp_path, max_concurrent=0)

@@ -92,6 +92,10 @@ def tune(
     searcher_kind = parse_kind(SearcherKind, searcher, "searcher")
     scheduler_kind = parse_kind(SchedulerKind, scheduler, "scheduler")
     _check_settings(metric, mode, num_samples, workers_per_trial, pruner, searcher_kind)
+    if max_concurrent is not None and max_concurrent < 1:
+        raise ConfigError(
+            f"max_concurrent must be at least 1 (or None: no limit), but got {max_concurrent}"
+        )
     _check_pairing(searcher_kind, scheduler_kind)
     if searcher_kind is SearcherKind.OPTUNA:  # a space Optuna cannot sample fails now
         from unipar.tuning.optuna_driver import optuna_distributions
@@ -246,15 +250,19 @@ def _new_tuner(
     stops: list[Any] = [FunctionStopper(_at_last_step)]
     param_space = space.tune_space()
     if searcher_kind is SearcherKind.OPTUNA:
+        from ray.tune.search import ConcurrencyLimiter
+
         from unipar.tuning.optuna_driver import OptunaDriver, OptunaPruning, OptunaSearcher
 
         driver = OptunaDriver(space, metric=metric, mode=mode, seed=seed, pruner=pruner)
         search_alg: Any = OptunaSearcher(driver)
+        if max_concurrent is not None:
+            search_alg = ConcurrencyLimiter(search_alg, max_concurrent=max_concurrent)
         stops.append(OptunaPruning(driver))
         param_space = {}
     else:
-        search_alg = build_searcher(searcher_kind, space, metric, mode, seed)
-        if search_alg is not None:
+        search_alg = build_searcher(searcher_kind, space, metric, mode, seed, max_concurrent)
+        if searcher_kind is SearcherKind.HYPEROPT:
             param_space = {}  # the searcher holds the space, in its own form
     scheduler = build_scheduler(
         scheduler_kind,
@@ -264,7 +272,7 @@ def _new_tuner(
         perturbation_steps=perturbation_steps,
         seed=seed,
     )
-    total = num_samples * (space.grid_size if search_alg is None else 1)
+    total = num_samples * (space.grid_size if param_space else 1)
     return ray_tune.Tuner(
         trainable,
         param_space=param_space,
@@ -273,8 +281,7 @@ def _new_tuner(
             mode=mode,
             num_samples=num_samples,
             search_alg=search_alg,
-            scheduler=scheduler,
-            max_concurrent_trials=max_concurrent,
+            scheduler=scheduler,  # the searcher limits the trials at once (max_concurrent)
         ),
         run_config=ray_tune.RunConfig(
             name=name,

@@ -38,18 +38,24 @@ def parse_kind(enum: type[Enum], value: Any, what: str) -> Any:
 
 
 def build_searcher(
-    kind: SearcherKind, space: SearchSpace, metric: str, mode: str, seed: int | None
+    kind: SearcherKind,
+    space: SearchSpace,
+    metric: str,
+    mode: str,
+    seed: int | None,
+    max_concurrent: int | None = None,
 ) -> Any:
-    """Tune's searcher for ``kind`` (None: Tune's random/grid variant generator)."""
-    if kind in (SearcherKind.RANDOM, SearcherKind.GRID):
-        return None
+    """Tune's searcher for ``kind``, seeded with ``seed`` and running at most
+    ``max_concurrent`` trials at once (None: no limit)."""
+    from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
+
+    if kind in (SearcherKind.RANDOM, SearcherKind.GRID):  # Tune's variant generator
+        return BasicVariantGenerator(max_concurrent=max_concurrent or 0, random_state=seed)
     if space.has_grid:
         raise ConfigError(
             f"the {kind.value} searcher samples, it cannot enumerate a grid; use `choice` "
             "instead of `grid`, or searcher='grid'"
         )
-    from ray.tune.search import ConcurrencyLimiter
-
     if kind is SearcherKind.HYPEROPT:
         try:
             from ray.tune.search.hyperopt import HyperOptSearch
@@ -63,7 +69,9 @@ def build_searcher(
                 "the hyperopt searcher needs hyperopt, which is not installed; "
                 "`pip install unipar[tune]` (or `pip install hyperopt`)"
             ) from None
-        return ConcurrencyLimiter(searcher, max_concurrent=4)
+        if max_concurrent is None:
+            return searcher
+        return ConcurrencyLimiter(searcher, max_concurrent=max_concurrent)
     raise ConfigError("the optuna searcher is built by unipar.tuning.optuna_driver")
 
 
