@@ -409,3 +409,12 @@ def test_hyperopt_runs_as_many_trials_at_once_as_asked(tmp_path):
     assert getattr(unlimited, "max_concurrent", None) is None
     with pytest.raises(ConfigError, match="max_concurrent must be at least 1"):
         _tune(tmp_path, max_concurrent=0)
+
+
+def test_every_trial_diverging_is_a_clear_error(ray_cluster, tmp_path):
+    from unipar.errors import TuningFailedError
+
+    space = {"lr": {"choice": [1e30]}, "steps": 4}  # the loss is NaN by the last step
+    with pytest.raises(TuningFailedError, match=r"1 of 1 ended with NaN.*lower the learning"):
+        _tune(tmp_path, space, num_samples=1, scheduler="fifo", plot=False)
+    assert "nan" in (tmp_path / "x" / "results.txt").read_text()

@@ -26,6 +26,7 @@ from unipar.tuning.report import (
     TrialRow,
     draw_curves,
     format_table,
+    require_a_value,
     write_results,
 )
 from unipar.tuning.space import SearchSpace, load_space
@@ -329,6 +330,7 @@ def _collect(grid: Any, metric: str, mode: str, experiment: Path, plot: bool) ->
     sign = 1.0 if mode == "min" else -1.0
     rows.sort(key=lambda r: (r.value != r.value, sign * r.value if r.value == r.value else 0.0))
     write_results(rows, metric, experiment)  # kept whatever happens next
+    require_a_value(rows, metric, experiment)
     best = grid.get_best_result(metric=metric, mode=mode, scope="last")
     png = draw_curves(curves, metric, experiment / "loss_curves.png") if plot else None
     best_row = rows[0]

@@ -14,6 +14,8 @@ from typing import Any
 
 from ray.tune import Callback
 
+from unipar.errors import TuningFailedError
+
 
 @dataclass(frozen=True)
 class TrialRow:
@@ -52,6 +54,19 @@ def write_results(rows: Sequence[TrialRow], metric: str, folder: Path) -> Path:
     path = folder / "results.json"
     path.write_text(json.dumps([asdict(r) for r in rows], indent=1, default=str) + "\n")
     return path
+
+
+def require_a_value(rows: Sequence[TrialRow], metric: str, folder: Path) -> None:
+    """Refuse an experiment where no trial ended with a number for ``metric``."""
+    if any(r.value == r.value for r in rows):  # NaN != NaN
+        return
+    failed = sum(r.status == "error" for r in rows)
+    raise TuningFailedError(
+        f"no trial ended with a value of {metric!r}: {len(rows) - failed} of {len(rows)} "
+        f"ended with NaN, {failed} failed; a NaN loss means training diverged: lower the "
+        f"learning rate (the top of its range) or add warm-up steps. The trials are in "
+        f"{folder / 'results.txt'}"
+    )
 
 
 def _short(value: Any) -> str:
