@@ -418,3 +418,12 @@ def test_every_trial_diverging_is_a_clear_error(ray_cluster, tmp_path):
     with pytest.raises(TuningFailedError, match=r"1 of 1 ended with NaN.*lower the learning"):
         _tune(tmp_path, space, num_samples=1, scheduler="fifo", plot=False)
     assert "nan" in (tmp_path / "x" / "results.txt").read_text()
+
+
+@pytest.mark.parametrize("steps", [4, 12, 15, 23, 40, 81, 200])
+def test_a_trial_keeps_every_checkpoint_it_writes(steps):
+    from unipar.tuning.trainable import checkpoint_plan
+
+    every, keep = checkpoint_plan(steps)  # 23 steps: 11 checkpoints, 10 were kept
+    written = len(range(every, steps + 1, every))
+    assert keep >= written >= min(steps, 8)

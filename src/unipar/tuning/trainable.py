@@ -25,9 +25,13 @@ MakeJob = Callable[[dict[str, Any]], Job]
 REPORTED = ("loss", "lr", "samples", "tokens", "step_time_s", "tokens_per_s", "finished_at", "step")
 
 
-# A trial writes about eight checkpoints (every steps // 8); all are kept, so the one a
-# report registers is still there when Tune copies it, however far the workers ran ahead.
-KEEP = 10
+def checkpoint_plan(steps: int) -> tuple[int, int]:
+    """``(every, keep)`` for a trial of ``steps``: a checkpoint every eighth of the steps
+    (at least every step), and all of them kept (up to 15 for a short trial), so the one a
+    report registers is still there when Tune copies it, however far the workers ran
+    ahead, and PBT's donor or a resumed trial finds the one Tune registered."""
+    every = max(1, steps // 8)
+    return every, steps // every
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSetti
     from unipar.runtime.fit import fit
 
     job = make_job(dict(config))
+    every, keep = checkpoint_plan(job.steps)
     trial_dir = Path(tune.get_context().get_trial_dir())
     given = tune.get_checkpoint()
     resume: bool | Path = False
@@ -114,8 +119,8 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSetti
         cpus_per_worker=settings.cpus_per_worker,
         run_dir=run_dir,
         checkpoint_dir=run_dir / "checkpoints",
-        checkpoint_every=max(1, job.steps // 8),
-        keep_checkpoints=KEEP,
+        checkpoint_every=every,
+        keep_checkpoints=keep,
         resume=resume,
         max_failures=settings.max_failures,
         progress=False,
