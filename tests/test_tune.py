@@ -427,3 +427,12 @@ def test_a_trial_keeps_every_checkpoint_it_writes(steps):
     every, keep = checkpoint_plan(steps)  # 23 steps: 11 checkpoints, 10 were kept
     written = len(range(every, steps + 1, every))
     assert keep >= written >= min(steps, 8)
+
+
+def test_pb2_without_scikit_learn_names_it(monkeypatch):
+    from unipar.tuning.choices import SchedulerKind, build_scheduler
+
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # import sklearn fails
+    with pytest.raises(ConfigError, match=r"needs scikit-learn.*pip install scikit-learn`"):
+        build_scheduler(SchedulerKind.PB2, load_space(SPACE), max_steps=8, grace_steps=2,
+                        perturbation_steps=2, seed=0)

@@ -117,14 +117,13 @@ def build_scheduler(
     bounds = {
         p.name: list(p.values) for p in space.params if p.kind.value in ("uniform", "loguniform")
     }
-    try:
-        from ray.tune.schedulers.pb2 import PB2
-
-        return PB2(
-            time_attr="step", perturbation_interval=perturbation_steps, hyperparam_bounds=bounds
-        )
-    except ImportError as error:
+    try:  # Ray's PB2 fits scikit-learn's Gaussian process (it raises RuntimeError without)
+        import sklearn  # noqa: F401
+    except ImportError:
         raise ConfigError(
-            f"the pb2 scheduler needs GPy and scikit-learn ({error}); "
-            "`pip install GPy scikit-learn`, or use scheduler='pbt'"
+            "the pb2 scheduler needs scikit-learn, which is not installed; "
+            "`pip install scikit-learn`, or use scheduler='pbt'"
         ) from None
+    from ray.tune.schedulers.pb2 import PB2
+
+    return PB2(time_attr="step", perturbation_interval=perturbation_steps, hyperparam_bounds=bounds)
