@@ -436,3 +436,16 @@ def test_pb2_without_scikit_learn_names_it(monkeypatch):
     with pytest.raises(ConfigError, match=r"needs scikit-learn.*pip install scikit-learn`"):
         build_scheduler(SchedulerKind.PB2, load_space(SPACE), max_steps=8, grace_steps=2,
                         perturbation_steps=2, seed=0)
+
+
+@pytest.mark.parametrize(("mode", "order"), [("min", "abcn"), ("max", "cban")])
+def test_rows_come_best_first_from_any_order(mode, order):
+    """The end-to-end runs check sorted rows on whatever order Tune gave them; here the
+    input is worst-first with the trial without a value (NaN) first."""
+    from unipar.tuning.report import TrialRow, best_first
+
+    given = [("n", float("nan")), ("c", 0.9), ("b", 0.5), ("a", 0.2)]
+    rows = [TrialRow(name, {}, value, 4, "done") for name, value in given]
+    if mode == "max":
+        rows = [rows[0], *reversed(rows[1:])]  # worst first for max too
+    assert "".join(r.trial_id for r in best_first(rows, mode)) == order

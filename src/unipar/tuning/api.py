@@ -24,6 +24,7 @@ from unipar.tuning.choices import (
 from unipar.tuning.report import (
     LiveProgress,
     TrialRow,
+    best_first,
     draw_curves,
     format_table,
     require_a_value,
@@ -327,8 +328,7 @@ def _collect(grid: Any, metric: str, mode: str, experiment: Path, plot: bool) ->
                 status,
             )
         )
-    sign = 1.0 if mode == "min" else -1.0
-    rows.sort(key=lambda r: (r.value != r.value, sign * r.value if r.value == r.value else 0.0))
+    rows = best_first(rows, mode)
     write_results(rows, metric, experiment)  # kept whatever happens next
     require_a_value(rows, metric, experiment)
     best = grid.get_best_result(metric=metric, mode=mode, scope="last")

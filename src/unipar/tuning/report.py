@@ -26,6 +26,14 @@ class TrialRow:
     status: str  # "done" (ran to the end), "stopped" (by the scheduler/pruner), "error"
 
 
+def best_first(rows: Sequence[TrialRow], mode: str) -> list[TrialRow]:
+    """The rows best first (``mode``: "min" or "max"), trials without a value last."""
+    sign = 1.0 if mode == "min" else -1.0
+    return sorted(
+        rows, key=lambda r: (r.value != r.value, sign * r.value if r.value == r.value else 0.0)
+    )
+
+
 def format_table(rows: Sequence[TrialRow], metric: str) -> str:
     """Rows as a text table, best first (``rows`` already sorted)."""
     keys = sorted({k for r in rows for k in r.config})
