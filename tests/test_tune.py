@@ -85,6 +85,8 @@ def test_space_from_yaml(tmp_path):
         ({"scheduler": "asha2"}, "unknown scheduler"),
         ({"pruner": object()}, "needs searcher='optuna'"),
         ({"searcher": "hyperopt", "space": {"lr": {"grid": [0.1, 0.2]}}}, "cannot enumerate"),
+        ({"plan": object()}, "plan must be a Plan"),
+        ({"gpus_per_worker": -1}, "gpus_per_worker"),
     ],
 )
 def test_bad_settings_are_refused(tmp_path, kwargs, words):
@@ -449,3 +451,13 @@ def test_rows_come_best_first_from_any_order(mode, order):
     if mode == "max":
         rows = [rows[0], *reversed(rows[1:])]  # worst first for max too
     assert "".join(r.trial_id for r in best_first(rows, mode)) == order
+
+
+def test_each_trial_gets_the_plan_and_gpus_asked_for(tmp_path):
+    from unipar.plan import Plan
+    from unipar.tuning.trainable import TrialSettings, gang_resources
+
+    with pytest.raises(ConfigError, match="the plan's mesh needs 2 workers"):
+        _tune(tmp_path, plan=Plan.data_parallel(2, 8), workers_per_trial=1)
+    gang = gang_resources(TrialSettings(workers=2, cpus_per_worker=2, gpus_per_worker=1))
+    assert gang.bundles == [{"CPU": 2, "GPU": 1}] * 2  # the empty head bundle is implied

@@ -63,7 +63,9 @@ def tune(
     searcher: SearcherKind | str = SearcherKind.RANDOM,
     scheduler: SchedulerKind | str = SchedulerKind.ASHA,
     workers_per_trial: int = 1,
+    plan: Any = None,
     cpus_per_worker: float = 1.0,
+    gpus_per_worker: float = 0.0,
     pruner: Any = None,
     resume: bool = False,
     name: str | None = None,
@@ -77,7 +79,9 @@ def tune(
     address: str | None = None,
 ) -> TuneResult:
     """Search ``space`` with ``num_samples`` trials of ``make_job(config)``, each a unipar
-    run on ``workers_per_trial`` workers reserved as one gang.
+    run on ``workers_per_trial`` workers reserved as one gang (each with
+    ``cpus_per_worker``/``gpus_per_worker``), under ``plan`` (as :func:`unipar.fit` takes
+    it: a Plan, a strategy name such as "auto" or "fsdp", or None: data parallel).
 
     ``searcher``: random, grid, optuna (TPE) or hyperopt; ``scheduler``: fifo, asha,
     hyperband, median, pbt or pb2. ``pruner``: any Optuna pruner (needs the optuna
@@ -106,16 +110,23 @@ def tune(
     if plot:
         require_plot_extra()  # the curves are drawn at the end: say so before any trial
     job = _first_job(make_job, space_)
+    _check_trial_run(job, plan, workers_per_trial, cpus_per_worker, gpus_per_worker)
     most_steps = _most_steps(make_job, space_, job.steps)  # a searched `steps` varies it
     name = name or f"{job.name}-tune"
     experiment = Path(storage_path).resolve() / name
     settings = TrialSettings(
-        workers=workers_per_trial, cpus_per_worker=cpus_per_worker, max_failures=max_failures
+        workers=workers_per_trial,
+        plan=plan,
+        cpus_per_worker=cpus_per_worker,
+        gpus_per_worker=gpus_per_worker,
+        max_failures=max_failures,
     )
     with ray_session(address):
         from unipar.ray_session import require_resources
 
-        require_resources({"CPU": cpus_per_worker}, workers_per_trial, "worker per trial")
+        require_resources(
+            {"CPU": cpus_per_worker, "GPU": gpus_per_worker}, workers_per_trial, "worker per trial"
+        )
         trainable = ray_tune.with_resources(
             partial(run_trial, make_job=make_job, settings=settings), gang_resources(settings)
         )
@@ -163,6 +174,18 @@ def _check_settings(
         raise ConfigError(
             f"an Optuna pruner needs searcher='optuna', but got searcher={searcher.value!r}"
         )
+
+
+def _check_trial_run(job: Any, plan: Any, workers: int, cpus: float, gpus: float) -> None:
+    """What each trial's ``fit`` would refuse, refused once before any trial starts."""
+    from unipar.plan import Plan
+    from unipar.runtime.config import RunConfig
+    from unipar.validate import check_fit_inputs, check_plan_for_run
+
+    check_fit_inputs(job, plan, (), None)
+    RunConfig(workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus)  # checks them
+    if isinstance(plan, Plan):
+        check_plan_for_run(plan, workers, job.global_batch_size)
 
 
 def _check_pairing(searcher: SearcherKind, scheduler: SchedulerKind) -> None:

@@ -37,7 +37,9 @@ def checkpoint_plan(steps: int) -> tuple[int, int]:
 @dataclass(frozen=True)
 class TrialSettings:
     workers: int
+    plan: Any = None  # as fit takes it: a Plan, a strategy name, or None (data parallel)
     cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
     max_failures: int = 3
 
 
@@ -46,6 +48,8 @@ def gang_resources(settings: TrialSettings) -> Any:
     from ray.tune import PlacementGroupFactory
 
     worker = {"CPU": settings.cpus_per_worker}
+    if settings.gpus_per_worker:
+        worker["GPU"] = settings.gpus_per_worker
     return PlacementGroupFactory([{}] + [dict(worker) for _ in range(settings.workers)])
 
 
@@ -116,7 +120,9 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSetti
     fit(
         job,
         workers=settings.workers,
+        plan=settings.plan,
         cpus_per_worker=settings.cpus_per_worker,
+        gpus_per_worker=settings.gpus_per_worker,
         run_dir=run_dir,
         checkpoint_dir=run_dir / "checkpoints",
         checkpoint_every=every,
