@@ -89,7 +89,9 @@ def tune(
     of the job's steps). ``resume``: continue the experiment ``name`` under ``storage_path``
     (Tune's experiment restore; finished trials are not rerun). ``plot``: draw
     ``loss_curves.png`` (needs the ``plot`` extra, checked before any trial starts); the
-    table and ``results.json`` are written first either way."""
+    table and ``results.json`` are written first either way. ``seed``: the searcher's
+    sampling (the same seed samples the same configs); ``max_concurrent``: trials at once
+    (None: as many as the cluster holds)."""
     from ray import tune as ray_tune
 
     from unipar.ray_session import ray_session
