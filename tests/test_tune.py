@@ -5,6 +5,7 @@ cluster (4 CPUs, one worker per trial), combined so that the whole file stays sh
 from __future__ import annotations
 
 import json
+import numbers
 import signal
 import sys
 import threading
@@ -43,6 +44,10 @@ def _tune(tmp_path: Path, space=SPACE, **kwargs):
         ({"lr": {"uniform": [0.1, 0.01]}}, "low < high"),
         ({"lr": {"loguniform": [0.0, 0.1]}}, "low > 0"),
         ({"lr": {"uniform": [0.1]}}, "two numbers"),
+        ({"lr": {"quniform": [0.05, 1.0, 0.1]}}, "multiples of q"),
+        ({"n": {"qrandint": [1, 4, 5]}}, "no multiple of q=5"),
+        ({"n": {"randint": [1, 4.5]}}, "needs integers"),
+        ({"w": {"randn": [0.0, 0.0]}}, "sd > 0"),
         ({"lr": {"uniform": [0, 1], "choice": [1]}}, "exactly one kind"),
         ([1, 2], "must be a mapping"),
     ],
@@ -80,6 +85,8 @@ def test_space_from_yaml(tmp_path):
         ({"scheduler": "asha2"}, "unknown scheduler"),
         ({"pruner": object()}, "needs searcher='optuna'"),
         ({"searcher": "hyperopt", "space": {"lr": {"grid": [0.1, 0.2]}}}, "cannot enumerate"),
+        ({"plan": object()}, "plan must be a Plan"),
+        ({"gpus_per_worker": -1}, "gpus_per_worker"),
     ],
 )
 def test_bad_settings_are_refused(tmp_path, kwargs, words):
@@ -226,3 +233,231 @@ def test_pbt_mutates_a_grid_parameter_over_its_values():
     pbt = build_scheduler(SchedulerKind.PBT, space, max_steps=10, grace_steps=2,
                           perturbation_steps=2, seed=0)
     assert pbt._hyperparam_mutations["seed"] == [0, 1]
+
+
+def test_a_missing_plot_extra_is_refused_before_any_trial(tmp_path, monkeypatch):
+    """The curves are drawn after every trial: without matplotlib the run stops before it
+    starts (it used to train every trial, then fail at the plot and lose the results)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    with pytest.raises(ConfigError, match=r"unipar\[plot\]"):
+        _tune(tmp_path)
+    assert not (tmp_path / "x").exists()
+
+
+def test_results_are_written_before_the_plot(tmp_path):
+    from unipar.tuning.report import TrialRow, write_results
+
+    rows = [
+        TrialRow("b", {"lr": 0.1}, 0.5, 4, "done"),
+        TrialRow("a", {"lr": 1.0}, 0.9, 2, "stopped"),
+    ]
+    saved = json.loads(write_results(rows, "loss", tmp_path / "x").read_text())
+    assert [(r["trial_id"], r["value"]) for r in saved] == [("b", 0.5), ("a", 0.9)]
+    assert "loss" in (tmp_path / "x" / "results.txt").read_text().splitlines()[0]
+
+
+# -- each backend samples what Ray Tune's sampler of the same name samples ------------
+
+N = 300
+
+
+def _draws(backend: str, spec, n: int = N) -> list:
+    """``n`` values of the space's one parameter, as ``backend`` samples it."""
+    import numpy as np
+
+    from unipar.tuning.backends import from_optuna, hyperopt_expression, optuna_distribution
+
+    [param] = load_space({"x": spec}).params
+    if backend == "tune":
+        return list(param.tune_domain().sample(size=n, random_state=np.random.default_rng(0)))
+    if backend == "hyperopt":
+        from hyperopt.pyll import stochastic
+
+        rng = np.random.default_rng(0)
+        return [stochastic.sample(hyperopt_expression(param), rng=rng) for _ in range(n)]
+    import optuna
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    dist = {"x": optuna_distribution(param)}
+    return [from_optuna(param, study.ask(dist).params["x"]) for _ in range(n)]
+
+
+@pytest.mark.parametrize("backend", ["tune", "optuna", "hyperopt"])
+@pytest.mark.parametrize(
+    ("spec", "values"),
+    [
+        ({"randint": [0, 4]}, {0, 1, 2, 3}),  # upper bound excluded
+        ({"lograndint": [1, 4]}, {1, 2, 3}),
+        ({"qrandint": [0, 10, 5]}, {0, 5, 10}),  # upper bound included for q > 1
+        ({"qrandint": [1, 4, 1]}, {1, 2, 3}),  # ... and excluded for q = 1
+        ({"qlograndint": [2, 8, 2]}, {2, 4, 6, 8}),
+        ({"qrandint": [3, 13, 5]}, {5, 10}),  # multiples of q, not low + k * q
+    ],
+)
+def test_integer_kinds_sample_tunes_values_in_every_backend(backend, spec, values):
+    draws = _draws(backend, spec)
+    assert set(draws) == values
+    assert all(isinstance(v, numbers.Integral) for v in draws)
+
+
+@pytest.mark.parametrize("backend", ["tune", "optuna", "hyperopt"])
+@pytest.mark.parametrize(
+    ("spec", "q", "middle"),
+    [
+        ({"qloguniform": [1e-3, 1.0, 1e-3]}, 1e-3, 0.0316),  # log scale: half below sqrt
+        ({"loguniform": [1e-3, 1.0]}, None, 0.0316),
+        ({"quniform": [0.0, 1.0, 0.1]}, 0.1, 0.5),
+        ({"lograndint": [1, 1001]}, 1, 31.6),
+    ],
+)
+def test_range_kinds_keep_tunes_scale_and_q_in_every_backend(backend, spec, q, middle):
+    draws = _draws(backend, spec)
+    low = min(spec[next(iter(spec))][:2])
+    assert 0.35 < sum(v < middle for v in draws) / N < 0.65, sorted(draws)[:: N // 10]
+    assert min(draws) >= low
+    if q is not None:
+        assert all(abs(v / q - round(v / q)) < 1e-6 for v in draws)
+
+
+def test_tune_domains_keep_their_kind():
+    from ray import tune as ray_tune
+
+    space = load_space(
+        {
+            "a": ray_tune.qloguniform(1e-3, 1.0, 1e-3),
+            "b": ray_tune.lograndint(1, 100),
+            "c": ray_tune.qrandint(0, 10, 5),
+            "d": ray_tune.randn(0.0, 2.0),
+            "e": ray_tune.qrandn(1.0, 2.0, 0.5),
+        }
+    )
+    assert [(p.kind, p.values) for p in space.params] == [
+        (ParamKind.QLOGUNIFORM, (1e-3, 1.0, 1e-3)),
+        (ParamKind.LOGRANDINT, (1, 100)),
+        (ParamKind.QRANDINT, (0, 10, 5)),
+        (ParamKind.RANDN, (0.0, 2.0)),
+        (ParamKind.QRANDN, (1.0, 2.0, 0.5)),
+    ]
+
+
+def test_a_normal_goes_to_hyperopt_and_is_refused_by_optuna(tmp_path):
+    import statistics
+
+    draws = _draws("hyperopt", {"randn": [3.0, 0.5]})
+    assert abs(statistics.mean(draws) - 3.0) < 0.15 and 0.4 < statistics.stdev(draws) < 0.6
+    with pytest.raises(ConfigError, match="optuna searcher cannot sample"):
+        _tune(tmp_path, {"lr": {"randn": [0.01, 0.001]}}, searcher="optuna")
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_schedulers_horizon_is_the_most_steps_a_searched_steps_gives():
+    from unipar.tuning.api import _most_steps
+
+    space = load_space({"lr": {"loguniform": [1e-3, 1e-2]}, "steps": {"choice": [12, 4, 20]}})
+    assert _most_steps(tune_jobs.make_job, space, 12) == 20
+    ranged = load_space({"lr": {"choice": [1e-2]}, "steps": {"qrandint": [4, 30, 4]}})
+    assert _most_steps(tune_jobs.make_job, ranged, 4) == 28
+
+
+def test_each_trial_runs_its_own_searched_steps(ray_cluster, tmp_path):
+    """The first job has 4 steps; the trial with 8 used to be stopped at step 4."""
+    space = {"lr": {"choice": [1e-2]}, "steps": {"grid": [4, 8]}}
+    result = _tune(tmp_path, space, num_samples=1, searcher="grid", scheduler="asha")
+    assert sorted((r.steps, r.status) for r in result.rows) == [(4, "done"), (8, "done")]
+
+
+def test_an_optuna_experiment_resumes(ray_cluster, tmp_path):
+    """The searcher saves its study: a resume used to fail to restore the run and start
+    a new experiment in its place."""
+    space = {"lr": {"loguniform": [1e-3, 3e-2]}, "steps": 4}
+    options = {"searcher": "optuna", "scheduler": "fifo", "num_samples": 2, "plot": False}
+    first = _tune(tmp_path, space, **options)
+    resumed = _tune(tmp_path, space, resume=True, **options)
+    assert sorted(r.trial_id for r in resumed.rows) == sorted(r.trial_id for r in first.rows)
+    assert [r.status for r in resumed.rows] == ["done", "done"]
+
+
+def _sampled_configs(searcher: str, seed, samples: int = 3) -> list[dict]:
+    """The configs the searcher gives its trials, without running them."""
+    from ray.tune.experiment import Experiment
+
+    from unipar.tuning.choices import SearcherKind, build_searcher
+
+    space = load_space({"lr": {"loguniform": [1e-4, 1e-1]}, "seed": {"grid": [0, 1]}})
+    generator = build_searcher(SearcherKind(searcher), space, "loss", "min", seed)
+    generator.add_configurations(
+        [Experiment("x", tune_jobs.make_job, config=space.tune_space(), num_samples=samples)]
+    )
+    configs = []
+    while (trial := generator.next_trial()) is not None:
+        configs.append(trial.config)
+    return configs
+
+
+@pytest.mark.parametrize("searcher", ["random", "grid"])
+def test_random_and_grid_sampling_follow_the_seed(searcher):
+    first = _sampled_configs(searcher, seed=0)
+    assert len(first) == 6 and first == _sampled_configs(searcher, seed=0)
+    assert first != _sampled_configs(searcher, seed=1)
+
+
+def test_hyperopt_runs_as_many_trials_at_once_as_asked(tmp_path):
+    from unipar.tuning.choices import SearcherKind, build_searcher
+
+    space = load_space(SPACE)
+    limited = build_searcher(SearcherKind.HYPEROPT, space, "loss", "min", 0, max_concurrent=6)
+    assert limited.max_concurrent == 6  # was capped at 4 whatever was asked
+    unlimited = build_searcher(SearcherKind.HYPEROPT, space, "loss", "min", 0)
+    assert getattr(unlimited, "max_concurrent", None) is None
+    with pytest.raises(ConfigError, match="max_concurrent must be at least 1"):
+        _tune(tmp_path, max_concurrent=0)
+
+
+def test_every_trial_diverging_is_a_clear_error(ray_cluster, tmp_path):
+    from unipar.errors import TuningFailedError
+
+    space = {"lr": {"choice": [1e30]}, "steps": 4}  # the loss is NaN by the last step
+    with pytest.raises(TuningFailedError, match=r"1 of 1 ended with NaN.*lower the learning"):
+        _tune(tmp_path, space, num_samples=1, scheduler="fifo", plot=False)
+    assert "nan" in (tmp_path / "x" / "results.txt").read_text()
+
+
+@pytest.mark.parametrize("steps", [4, 12, 15, 23, 40, 81, 200])
+def test_a_trial_keeps_every_checkpoint_it_writes(steps):
+    from unipar.tuning.trainable import checkpoint_plan
+
+    every, keep = checkpoint_plan(steps)  # 23 steps: 11 checkpoints, 10 were kept
+    written = len(range(every, steps + 1, every))
+    assert keep >= written >= min(steps, 8)
+
+
+def test_pb2_without_scikit_learn_names_it(monkeypatch):
+    from unipar.tuning.choices import SchedulerKind, build_scheduler
+
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # import sklearn fails
+    with pytest.raises(ConfigError, match=r"needs scikit-learn.*pip install scikit-learn`"):
+        build_scheduler(SchedulerKind.PB2, load_space(SPACE), max_steps=8, grace_steps=2,
+                        perturbation_steps=2, seed=0)
+
+
+@pytest.mark.parametrize(("mode", "order"), [("min", "abcn"), ("max", "cban")])
+def test_rows_come_best_first_from_any_order(mode, order):
+    """The end-to-end runs check sorted rows on whatever order Tune gave them; here the
+    input is worst-first with the trial without a value (NaN) first."""
+    from unipar.tuning.report import TrialRow, best_first
+
+    given = [("n", float("nan")), ("c", 0.9), ("b", 0.5), ("a", 0.2)]
+    rows = [TrialRow(name, {}, value, 4, "done") for name, value in given]
+    if mode == "max":
+        rows = [rows[0], *reversed(rows[1:])]  # worst first for max too
+    assert "".join(r.trial_id for r in best_first(rows, mode)) == order
+
+
+def test_each_trial_gets_the_plan_and_gpus_asked_for(tmp_path):
+    from unipar.plan import Plan
+    from unipar.tuning.trainable import TrialSettings, gang_resources
+
+    with pytest.raises(ConfigError, match="the plan's mesh needs 2 workers"):
+        _tune(tmp_path, plan=Plan.data_parallel(2, 8), workers_per_trial=1)
+    gang = gang_resources(TrialSettings(workers=2, cpus_per_worker=2, gpus_per_worker=1))
+    assert gang.bundles == [{"CPU": 2, "GPU": 1}] * 2  # the empty head bundle is implied

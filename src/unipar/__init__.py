@@ -14,6 +14,7 @@ _EXPORTS = {
     "ConfigError": "unipar.errors",
     "ResourceError": "unipar.errors",
     "TrainingFailedError": "unipar.errors",
+    "TuningFailedError": "unipar.errors",
     "UniparError": "unipar.errors",
     "UnsupportedPlanError": "unipar.errors",
     "UserCodeError": "unipar.errors",

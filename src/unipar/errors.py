@@ -27,5 +27,9 @@ class TrainingFailedError(UniparError):
     """Workers kept dying: the run gave up after ``max_failures`` restarts."""
 
 
+class TuningFailedError(UniparError):
+    """No trial of a tuning experiment ended with a value of its metric."""
+
+
 class UnsupportedPlanError(UniparError):
     """The runtime cannot apply this plan to this model."""

@@ -21,9 +21,18 @@ from unipar.tuning.choices import (
     build_searcher,
     parse_kind,
 )
-from unipar.tuning.report import LiveProgress, TrialRow, draw_curves, format_table
+from unipar.tuning.report import (
+    LiveProgress,
+    TrialRow,
+    best_first,
+    draw_curves,
+    format_table,
+    require_a_value,
+    write_results,
+)
 from unipar.tuning.space import SearchSpace, load_space
 from unipar.tuning.trainable import REPORTED, MakeJob, TrialSettings, gang_resources, run_trial
+from unipar.viz.draw import require_plot_extra
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,9 @@ def tune(
     searcher: SearcherKind | str = SearcherKind.RANDOM,
     scheduler: SchedulerKind | str = SchedulerKind.ASHA,
     workers_per_trial: int = 1,
+    plan: Any = None,
     cpus_per_worker: float = 1.0,
+    gpus_per_worker: float = 0.0,
     pruner: Any = None,
     resume: bool = False,
     name: str | None = None,
@@ -68,13 +79,19 @@ def tune(
     address: str | None = None,
 ) -> TuneResult:
     """Search ``space`` with ``num_samples`` trials of ``make_job(config)``, each a unipar
-    run on ``workers_per_trial`` workers reserved as one gang.
+    run on ``workers_per_trial`` workers reserved as one gang (each with
+    ``cpus_per_worker``/``gpus_per_worker``), under ``plan`` (as :func:`unipar.fit` takes
+    it: a Plan, a strategy name such as "auto" or "fsdp", or None: data parallel).
 
     ``searcher``: random, grid, optuna (TPE) or hyperopt; ``scheduler``: fifo, asha,
     hyperband, median, pbt or pb2. ``pruner``: any Optuna pruner (needs the optuna
     searcher). ``perturbation_interval``: steps between PBT/PB2 exploits (default a quarter
     of the job's steps). ``resume``: continue the experiment ``name`` under ``storage_path``
-    (Tune's experiment restore; finished trials are not rerun)."""
+    (Tune's experiment restore; finished trials are not rerun). ``plot``: draw
+    ``loss_curves.png`` (needs the ``plot`` extra, checked before any trial starts); the
+    table and ``results.json`` are written first either way. ``seed``: the searcher's
+    sampling (the same seed samples the same configs); ``max_concurrent``: trials at once
+    (None: as many as the cluster holds)."""
     from ray import tune as ray_tune
 
     from unipar.ray_session import ray_session
@@ -83,20 +100,35 @@ def tune(
     searcher_kind = parse_kind(SearcherKind, searcher, "searcher")
     scheduler_kind = parse_kind(SchedulerKind, scheduler, "scheduler")
     _check_settings(metric, mode, num_samples, workers_per_trial, pruner, searcher_kind)
+    if max_concurrent is not None and max_concurrent < 1:
+        raise ConfigError(
+            f"max_concurrent must be at least 1 (or None: no limit), but got {max_concurrent}"
+        )
     _check_pairing(searcher_kind, scheduler_kind)
+    if searcher_kind is SearcherKind.OPTUNA:  # a space Optuna cannot sample fails now
+        from unipar.tuning.optuna_driver import optuna_distributions
+
+        optuna_distributions(space_)
+    if plot:
+        require_plot_extra()  # the curves are drawn at the end: say so before any trial
     job = _first_job(make_job, space_)
+    _check_trial_run(job, plan, workers_per_trial, cpus_per_worker, gpus_per_worker)
+    most_steps = _most_steps(make_job, space_, job.steps)  # a searched `steps` varies it
     name = name or f"{job.name}-tune"
     experiment = Path(storage_path).resolve() / name
     settings = TrialSettings(
         workers=workers_per_trial,
+        plan=plan,
         cpus_per_worker=cpus_per_worker,
-        checkpoint_every=max(1, job.steps // 8),
+        gpus_per_worker=gpus_per_worker,
         max_failures=max_failures,
     )
     with ray_session(address):
         from unipar.ray_session import require_resources
 
-        require_resources({"CPU": cpus_per_worker}, workers_per_trial, "worker per trial")
+        require_resources(
+            {"CPU": cpus_per_worker, "GPU": gpus_per_worker}, workers_per_trial, "worker per trial"
+        )
         trainable = ray_tune.with_resources(
             partial(run_trial, make_job=make_job, settings=settings), gang_resources(settings)
         )
@@ -107,7 +139,7 @@ def tune(
             tuner = _new_tuner(
                 trainable,
                 space_,
-                steps=job.steps,
+                steps=most_steps,
                 metric=metric,
                 mode=mode,
                 num_samples=num_samples,
@@ -123,7 +155,7 @@ def tune(
                 perturbation_steps=perturbation_interval or max(1, job.steps // 4),
             )
         grid = tuner.fit()
-        return _collect(grid, metric, mode, job.steps, experiment, plot)
+        return _collect(grid, metric, mode, experiment, plot)
 
 
 def _check_settings(
@@ -146,6 +178,18 @@ def _check_settings(
         )
 
 
+def _check_trial_run(job: Any, plan: Any, workers: int, cpus: float, gpus: float) -> None:
+    """What each trial's ``fit`` would refuse, refused once before any trial starts."""
+    from unipar.plan import Plan
+    from unipar.runtime.config import RunConfig
+    from unipar.validate import check_fit_inputs, check_plan_for_run
+
+    check_fit_inputs(job, plan, (), None)
+    RunConfig(workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus)  # checks them
+    if isinstance(plan, Plan):
+        check_plan_for_run(plan, workers, job.global_batch_size)
+
+
 def _check_pairing(searcher: SearcherKind, scheduler: SchedulerKind) -> None:
     """Population-based schedulers choose the configs themselves (Tune refuses a searcher)."""
     if scheduler in (SchedulerKind.PBT, SchedulerKind.PB2) and searcher not in (
@@ -160,10 +204,13 @@ def _check_pairing(searcher: SearcherKind, scheduler: SchedulerKind) -> None:
 
 def _first_job(make_job: MakeJob, space: SearchSpace) -> Any:
     """A job built from the first point of the space, so a broken factory fails now."""
+    return _built(make_job, {p.name: p.ends()[0] for p in space.params})  # a range's low end
+
+
+def _built(make_job: MakeJob, config: dict[str, Any]) -> Any:
     from unipar.job import Job
     from unipar.job_file import user_code_error
 
-    config = {p.name: p.values[0] for p in space.params}  # a range's low end
     try:
         job = make_job(config)
     except Exception as error:
@@ -173,6 +220,14 @@ def _first_job(make_job: MakeJob, space: SearchSpace) -> Any:
             f"make_job(config) must return a unipar.Job, but got {type(job).__name__}"
         )
     return job
+
+
+def _most_steps(make_job: MakeJob, space: SearchSpace, first_steps: int) -> int:
+    """The most steps of the jobs built from the first config with one parameter at one
+    of its ends: the schedulers' horizon (``max_t``) when the steps are searched."""
+    first = {p.name: p.ends()[0] for p in space.params}
+    configs = [{**first, p.name: end} for p in space.params for end in p.ends()[1:]]
+    return max([first_steps, *(_built(make_job, c).steps for c in configs)])
 
 
 def _refuse_overwrite(experiment: Path) -> None:
@@ -218,21 +273,24 @@ def _new_tuner(
     from ray.tune.logger import TBXLoggerCallback
     from ray.tune.stopper import CombinedStopper, FunctionStopper
 
-    # A trial that reached the job's last step is done: no scheduler may pause it then.
-    stops: list[Any] = [FunctionStopper(partial(_at_last_step, steps))]
+    # A trial that reached its job's last step is done: no scheduler may pause it then.
+    stops: list[Any] = [FunctionStopper(_at_last_step)]
     param_space = space.tune_space()
     if searcher_kind is SearcherKind.OPTUNA:
+        from ray.tune.search import ConcurrencyLimiter
+
         from unipar.tuning.optuna_driver import OptunaDriver, OptunaPruning, OptunaSearcher
 
         driver = OptunaDriver(space, metric=metric, mode=mode, seed=seed, pruner=pruner)
         search_alg: Any = OptunaSearcher(driver)
+        if max_concurrent is not None:
+            search_alg = ConcurrencyLimiter(search_alg, max_concurrent=max_concurrent)
         stops.append(OptunaPruning(driver))
         param_space = {}
     else:
-        search_alg = build_searcher(searcher_kind, space, metric, mode, seed)
-        if search_alg is not None:
-            param_space = {}
-            search_alg.searcher.set_search_properties(metric, mode, space.tune_space())
+        search_alg = build_searcher(searcher_kind, space, metric, mode, seed, max_concurrent)
+        if searcher_kind is SearcherKind.HYPEROPT:
+            param_space = {}  # the searcher holds the space, in its own form
     scheduler = build_scheduler(
         scheduler_kind,
         space,
@@ -241,7 +299,7 @@ def _new_tuner(
         perturbation_steps=perturbation_steps,
         seed=seed,
     )
-    total = num_samples * (space.grid_size if search_alg is None else 1)
+    total = num_samples * (space.grid_size if param_space else 1)
     return ray_tune.Tuner(
         trainable,
         param_space=param_space,
@@ -250,8 +308,7 @@ def _new_tuner(
             mode=mode,
             num_samples=num_samples,
             search_alg=search_alg,
-            scheduler=scheduler,
-            max_concurrent_trials=max_concurrent,
+            scheduler=scheduler,  # the searcher limits the trials at once (max_concurrent)
         ),
         run_config=ray_tune.RunConfig(
             name=name,
@@ -265,13 +322,12 @@ def _new_tuner(
     )
 
 
-def _at_last_step(steps: int, trial_id: str, result: dict[str, Any]) -> bool:
-    return int(result.get("step", 0)) >= steps
+def _at_last_step(trial_id: str, result: dict[str, Any]) -> bool:
+    """The trial reached its own job's last step (each trial reports its job's steps)."""
+    return int(result.get("step", 0)) >= int(result.get("job_steps", float("inf")))
 
 
-def _collect(
-    grid: Any, metric: str, mode: str, steps: int, experiment: Path, plot: bool
-) -> TuneResult:
+def _collect(grid: Any, metric: str, mode: str, experiment: Path, plot: bool) -> TuneResult:
     rows, curves = [], {}
     for result in grid:
         frame = result.metrics_dataframe
@@ -281,7 +337,8 @@ def _collect(
             rows.append(TrialRow(trial_id, dict(result.config or {}), float("nan"), 0, "error"))
             continue
         last_step = int(frame["step"].iloc[-1])
-        status = "error" if result.error else ("done" if last_step >= steps else "stopped")
+        done = last_step >= int(frame["job_steps"].iloc[-1])
+        status = "error" if result.error else ("done" if done else "stopped")
         curves[trial_id] = (
             frame["step"].astype(int).tolist(),
             frame[metric].astype(float).tolist(),
@@ -296,8 +353,9 @@ def _collect(
                 status,
             )
         )
-    sign = 1.0 if mode == "min" else -1.0
-    rows.sort(key=lambda r: (r.value != r.value, sign * r.value if r.value == r.value else 0.0))
+    rows = best_first(rows, mode)
+    write_results(rows, metric, experiment)  # kept whatever happens next
+    require_a_value(rows, metric, experiment)
     best = grid.get_best_result(metric=metric, mode=mode, scope="last")
     png = draw_curves(curves, metric, experiment / "loss_curves.png") if plot else None
     best_row = rows[0]

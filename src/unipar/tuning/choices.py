@@ -6,6 +6,7 @@ from enum import Enum
 from typing import Any
 
 from unipar.errors import ConfigError
+from unipar.tuning.backends import hyperopt_expression
 from unipar.tuning.space import ParamKind, SearchSpace
 
 
@@ -37,29 +38,40 @@ def parse_kind(enum: type[Enum], value: Any, what: str) -> Any:
 
 
 def build_searcher(
-    kind: SearcherKind, space: SearchSpace, metric: str, mode: str, seed: int | None
+    kind: SearcherKind,
+    space: SearchSpace,
+    metric: str,
+    mode: str,
+    seed: int | None,
+    max_concurrent: int | None = None,
 ) -> Any:
-    """Tune's searcher for ``kind`` (None: Tune's random/grid variant generator)."""
-    if kind in (SearcherKind.RANDOM, SearcherKind.GRID):
-        return None
+    """Tune's searcher for ``kind``, seeded with ``seed`` and running at most
+    ``max_concurrent`` trials at once (None: no limit)."""
+    from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
+
+    if kind in (SearcherKind.RANDOM, SearcherKind.GRID):  # Tune's variant generator
+        return BasicVariantGenerator(max_concurrent=max_concurrent or 0, random_state=seed)
     if space.has_grid:
         raise ConfigError(
             f"the {kind.value} searcher samples, it cannot enumerate a grid; use `choice` "
             "instead of `grid`, or searcher='grid'"
         )
-    from ray.tune.search import ConcurrencyLimiter
-
     if kind is SearcherKind.HYPEROPT:
         try:
             from ray.tune.search.hyperopt import HyperOptSearch
 
-            searcher = HyperOptSearch(metric=metric, mode=mode, random_state_seed=seed)
+            space_ = {p.name: hyperopt_expression(p) for p in space.params}
+            searcher = HyperOptSearch(
+                space_, metric=metric, mode=mode, random_state_seed=seed
+            )
         except (ImportError, AssertionError):
             raise ConfigError(
                 "the hyperopt searcher needs hyperopt, which is not installed; "
                 "`pip install unipar[tune]` (or `pip install hyperopt`)"
             ) from None
-        return ConcurrencyLimiter(searcher, max_concurrent=4)
+        if max_concurrent is None:
+            return searcher
+        return ConcurrencyLimiter(searcher, max_concurrent=max_concurrent)
     raise ConfigError("the optuna searcher is built by unipar.tuning.optuna_driver")
 
 
@@ -105,14 +117,13 @@ def build_scheduler(
     bounds = {
         p.name: list(p.values) for p in space.params if p.kind.value in ("uniform", "loguniform")
     }
-    try:
-        from ray.tune.schedulers.pb2 import PB2
-
-        return PB2(
-            time_attr="step", perturbation_interval=perturbation_steps, hyperparam_bounds=bounds
-        )
-    except ImportError as error:
+    try:  # Ray's PB2 fits scikit-learn's Gaussian process (it raises RuntimeError without)
+        import sklearn  # noqa: F401
+    except ImportError:
         raise ConfigError(
-            f"the pb2 scheduler needs GPy and scikit-learn ({error}); "
-            "`pip install GPy scikit-learn`, or use scheduler='pbt'"
+            "the pb2 scheduler needs scikit-learn, which is not installed; "
+            "`pip install scikit-learn`, or use scheduler='pbt'"
         ) from None
+    from ray.tune.schedulers.pb2 import PB2
+
+    return PB2(time_attr="step", perturbation_interval=perturbation_steps, hyperparam_bounds=bounds)

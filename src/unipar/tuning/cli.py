@@ -25,6 +25,9 @@ def add_tune_parser(commands: Any) -> None:
     tune.add_argument("--name", default=None, help="experiment name (default: JOB-tune)")
     tune.add_argument("--storage", default="unipar_runs/tune", help="experiments' folder")
     tune.add_argument("--resume", action="store_true", help="continue the experiment --name")
+    tune.add_argument(
+        "--no-plot", action="store_true", help="skip loss_curves.png (no matplotlib needed)"
+    )
     tune.add_argument("--address", default=None, help="HOST:PORT of a running Ray cluster")
     tune.set_defaults(handler=_tune)
 
@@ -60,10 +63,14 @@ def _tune(args: argparse.Namespace) -> int:
         resume=args.resume,
         name=args.name,
         storage_path=args.storage,
+        plot=not args.no_plot,
         address=args.address,
     )
     print(result.table())
     print(f"best: {result.best_config} ({args.metric} {result.best_value:.4f})")
     print(f"best checkpoint: {result.best_checkpoint}")
-    print(f"loss curves: {result.curves_png}; TensorBoard: {result.experiment_path}")
+    print(f"results: {result.experiment_path / 'results.json'}")
+    if result.curves_png is not None:
+        print(f"loss curves: {result.curves_png}")
+    print(f"TensorBoard: {result.experiment_path}")
     return 0

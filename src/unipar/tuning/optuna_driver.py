@@ -1,20 +1,24 @@
 """Optuna driven by unipar: its sampler through ask/tell, its pruner on every report.
 
 Tune's ``OptunaSearch`` never calls the study's pruner. Here one study is shared by a Tune
-``Searcher`` (``suggest`` asks, ``on_trial_complete`` tells) and a Tune ``Stopper``
-(each result goes to ``trial.report(value, step)``; ``trial.should_prune()`` stops the
-trial, which is then told as pruned). Sampling and pruning stay Optuna's (Akiba et al.
+``Searcher`` (``suggest`` asks, ``on_trial_complete`` tells, ``save``/``restore`` keep the
+study for a resumed experiment) and a Tune ``Stopper`` (each result goes to
+``trial.report(value, step)``; ``trial.should_prune()`` stops the trial, which is then told
+as pruned). Sampling and pruning stay Optuna's (Akiba et al.
 2019, "Optuna: A Next-generation Hyperparameter Optimization Framework").
 """
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
 from typing import Any
 
 from ray.tune import Stopper
 from ray.tune.search import Searcher
 
-from unipar.tuning.space import SearchSpace
+from unipar.tuning.backends import from_optuna, optuna_distribution
+from unipar.tuning.space import ParamKind, SearchSpace
 
 
 def _optuna() -> Any:
@@ -30,6 +34,14 @@ def _optuna() -> Any:
     return optuna
 
 
+def optuna_distributions(space: SearchSpace) -> dict[str, Any]:
+    """Optuna's distribution of each parameter that is not a constant."""
+    _optuna()
+    return {
+        p.name: optuna_distribution(p) for p in space.params if p.kind is not ParamKind.CONSTANT
+    }
+
+
 class OptunaDriver:
     """One Optuna study and the trials in flight (Tune trial id -> Optuna trial)."""
 
@@ -39,11 +51,8 @@ class OptunaDriver:
         optuna = _optuna()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.metric, self.mode = metric, mode
-        self.distributions = {
-            p.name: p.optuna_distribution()
-            for p in space.params
-            if p.optuna_distribution() is not None
-        }
+        self.params = {p.name: p for p in space.params if p.kind is not ParamKind.CONSTANT}
+        self.distributions = optuna_distributions(space)
         self.constants = space.constants()
         self.study = optuna.create_study(
             sampler=optuna.samplers.TPESampler(seed=seed),
@@ -56,7 +65,8 @@ class OptunaDriver:
     def ask(self, trial_id: str) -> dict[str, Any]:
         trial = self.study.ask(self.distributions)
         self.live[trial_id] = trial
-        return {**self.constants, **trial.params}
+        sampled = {n: from_optuna(self.params[n], v) for n, v in trial.params.items()}
+        return {**self.constants, **sampled}
 
     def report(self, trial_id: str, result: dict[str, Any]) -> bool:
         """Pass one result to the pruner; True when Optuna prunes the trial."""
@@ -92,6 +102,16 @@ class OptunaSearcher(Searcher):
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         return self.driver.ask(trial_id)
+
+    def save(self, checkpoint_path: str) -> None:
+        """The study and the trials in flight, for ``resume`` (Tune calls this)."""
+        state = (self.driver.study, self.driver.live, self.driver.pruned)
+        Path(checkpoint_path).write_bytes(pickle.dumps(state))
+
+    def restore(self, checkpoint_path: str) -> None:
+        """Back to a saved study: a resumed trial is told to the Optuna trial it was."""
+        state = pickle.loads(Path(checkpoint_path).read_bytes())
+        self.driver.study, self.driver.live, self.driver.pruned = state
 
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False

@@ -1,16 +1,20 @@
 """What a tuning run shows: a line per running trial and an overall bar while it runs;
-then a sorted table and a PNG of every trial's loss curve (stopped ones marked)."""
+then a sorted table (also written as ``results.txt``/``results.json``) and a PNG of every
+trial's loss curve (stopped ones marked)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
+
+from unipar.errors import TuningFailedError
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,14 @@ class TrialRow:
     value: float
     steps: int
     status: str  # "done" (ran to the end), "stopped" (by the scheduler/pruner), "error"
+
+
+def best_first(rows: Sequence[TrialRow], mode: str) -> list[TrialRow]:
+    """The rows best first (``mode``: "min" or "max"), trials without a value last."""
+    sign = 1.0 if mode == "min" else -1.0
+    return sorted(
+        rows, key=lambda r: (r.value != r.value, sign * r.value if r.value == r.value else 0.0)
+    )
 
 
 def format_table(rows: Sequence[TrialRow], metric: str) -> str:
@@ -41,6 +53,28 @@ def format_table(rows: Sequence[TrialRow], metric: str) -> str:
         "  ".join(x.ljust(w) for x, w in zip(line, widths, strict=False)) for line in [head, *body]
     ]
     return "\n".join(lines)
+
+
+def write_results(rows: Sequence[TrialRow], metric: str, folder: Path) -> Path:
+    """The sorted table as ``results.txt`` and the rows as ``results.json`` in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.txt").write_text(format_table(rows, metric) + "\n")
+    path = folder / "results.json"
+    path.write_text(json.dumps([asdict(r) for r in rows], indent=1, default=str) + "\n")
+    return path
+
+
+def require_a_value(rows: Sequence[TrialRow], metric: str, folder: Path) -> None:
+    """Refuse an experiment where no trial ended with a number for ``metric``."""
+    if any(r.value == r.value for r in rows):  # NaN != NaN
+        return
+    failed = sum(r.status == "error" for r in rows)
+    raise TuningFailedError(
+        f"no trial ended with a value of {metric!r}: {len(rows) - failed} of {len(rows)} "
+        f"ended with NaN, {failed} failed; a NaN loss means training diverged: lower the "
+        f"learning rate (the top of its range) or add warm-up steps. The trials are in "
+        f"{folder / 'results.txt'}"
+    )
 
 
 def _short(value: Any) -> str:

@@ -25,16 +25,21 @@ MakeJob = Callable[[dict[str, Any]], Job]
 REPORTED = ("loss", "lr", "samples", "tokens", "step_time_s", "tokens_per_s", "finished_at", "step")
 
 
-# A trial writes about eight checkpoints (every steps // 8); all are kept, so the one a
-# report registers is still there when Tune copies it, however far the workers ran ahead.
-KEEP = 10
+def checkpoint_plan(steps: int) -> tuple[int, int]:
+    """``(every, keep)`` for a trial of ``steps``: a checkpoint every eighth of the steps
+    (at least every step), and all of them kept (up to 15 for a short trial), so the one a
+    report registers is still there when Tune copies it, however far the workers ran
+    ahead, and PBT's donor or a resumed trial finds the one Tune registered."""
+    every = max(1, steps // 8)
+    return every, steps // every
 
 
 @dataclass(frozen=True)
 class TrialSettings:
     workers: int
+    plan: Any = None  # as fit takes it: a Plan, a strategy name, or None (data parallel)
     cpus_per_worker: float = 1.0
-    checkpoint_every: int = 2
+    gpus_per_worker: float = 0.0
     max_failures: int = 3
 
 
@@ -43,6 +48,8 @@ def gang_resources(settings: TrialSettings) -> Any:
     from ray.tune import PlacementGroupFactory
 
     worker = {"CPU": settings.cpus_per_worker}
+    if settings.gpus_per_worker:
+        worker["GPU"] = settings.gpus_per_worker
     return PlacementGroupFactory([{}] + [dict(worker) for _ in range(settings.workers)])
 
 
@@ -62,6 +69,7 @@ class _ReportToTune(Callback):
         row = {k: v for k, v in asdict(metrics).items() if k in REPORTED}
         row["step"] = metrics.step + 1
         row["resumed_from"] = self.resumed_from
+        row["job_steps"] = self.steps  # this trial's own (the steps may be searched)
         if row["step"] == self.steps:  # the last report carries the final checkpoint
             _wait_for(self.checkpoints / checkpoint_name(self.steps))
         # The newest checkpoint not past this step: workers may run ahead of the reports.
@@ -96,6 +104,7 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSetti
     from unipar.runtime.fit import fit
 
     job = make_job(dict(config))
+    every, keep = checkpoint_plan(job.steps)
     trial_dir = Path(tune.get_context().get_trial_dir())
     given = tune.get_checkpoint()
     resume: bool | Path = False
@@ -111,11 +120,13 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSetti
     fit(
         job,
         workers=settings.workers,
+        plan=settings.plan,
         cpus_per_worker=settings.cpus_per_worker,
+        gpus_per_worker=settings.gpus_per_worker,
         run_dir=run_dir,
         checkpoint_dir=run_dir / "checkpoints",
-        checkpoint_every=settings.checkpoint_every,
-        keep_checkpoints=KEEP,
+        checkpoint_every=every,
+        keep_checkpoints=keep,
         resume=resume,
         max_failures=settings.max_failures,
         progress=False,
