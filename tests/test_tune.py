@@ -221,6 +221,10 @@ def test_cli_refuses_an_empty_space_before_any_trial(tmp_path, capsys):
     assert "nothing to search" in capsys.readouterr().err
     assert main([*argv[:3], str(tmp_path / "none.yaml")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    space.write_text("lr: {loguniform: [0.001, 0.1]}\n")
+    assert main([*argv, "--max-concurrent", "0"]) == 2
+    assert "max_concurrent must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "my_job-tune").exists()
 
 
 def test_pbt_mutates_a_grid_parameter_over_its_values():

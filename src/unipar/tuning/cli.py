@@ -22,6 +22,9 @@ def add_tune_parser(commands: Any) -> None:
     tune.add_argument("--searcher", default="random", choices=[k.value for k in SearcherKind])
     tune.add_argument("--scheduler", default="asha", choices=[k.value for k in SchedulerKind])
     tune.add_argument("--workers-per-trial", type=int, default=1)
+    tune.add_argument("--seed", type=int, default=0, help="the searcher's sampling seed")
+    tune.add_argument("--max-concurrent", type=int, default=None,
+                      help="trials at once (default: as many as the cluster holds)")
     tune.add_argument("--name", default=None, help="experiment name (default: JOB-tune)")
     tune.add_argument("--storage", default="unipar_runs/tune", help="experiments' folder")
     tune.add_argument("--resume", action="store_true", help="continue the experiment --name")
@@ -60,6 +63,8 @@ def _tune(args: argparse.Namespace) -> int:
         searcher=args.searcher,
         scheduler=args.scheduler,
         workers_per_trial=args.workers_per_trial,
+        seed=args.seed,
+        max_concurrent=args.max_concurrent,
         resume=args.resume,
         name=args.name,
         storage_path=args.storage,
