@@ -99,9 +99,9 @@ class _Source:
 class _FormBroken(Exception):
     """Members were lost while a gang formed: the ``survivors`` form the next one."""
 
-    def __init__(self, survivors: list[Member], gone: list[Member]) -> None:
-        super().__init__(f"{len(gone)} lost while the gang formed")
-        self.survivors, self.gone = survivors, gone
+    def __init__(self, survivors: list[Member]) -> None:
+        super().__init__("members lost while the gang formed")
+        self.survivors = survivors
 
 
 @dataclass
@@ -273,7 +273,7 @@ class ElasticController:
             gone = [m for rank, (m, ref) in enumerate(zip(members, forms, strict=True))
                     if rank in lost or not ray.wait([ref], timeout=0)[0]]
             self.supervisor.kill(gone)
-            raise _FormBroken([m for m in members if m not in gone], gone)
+            raise _FormBroken([m for m in members if m not in gone])
         if failed is not None:
             self.supervisor.kill(members)
             cause = failed.cause if isinstance(failed.cause, BaseException) else failed
@@ -464,10 +464,10 @@ class ElasticController:
 
     def _lost_holders_source(self) -> _Source:
         """The state once no process holds it: the newer of the snapshot and the disk."""
-        newest = latest_checkpoint(self.policy.directory) or self.resume_from
-        if self._snapshot is not None and self._snapshot[0] >= _checkpoint_step(newest):
+        disk = _disk_source(latest_checkpoint(self.policy.directory) or self.resume_from)
+        if self._snapshot is not None and self._snapshot[0] >= disk.step:
             return self._from_snapshot()
-        return _disk_source(newest)  # the newer state: fewer steps redone
+        return disk  # the newer state: fewer steps redone
 
     def _most(self) -> int:
         """The most workers now: the size target's, within the job's range."""

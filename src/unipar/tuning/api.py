@@ -7,6 +7,7 @@ space, and that one trial's gang fits the cluster.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -324,7 +325,7 @@ def _new_tuner(
 
 def _at_last_step(trial_id: str, result: dict[str, Any]) -> bool:
     """The trial reached its own job's last step (each trial reports its job's steps)."""
-    return int(result.get("step", 0)) >= int(result.get("job_steps", float("inf")))
+    return result.get("step", 0) >= result.get("job_steps", math.inf)
 
 
 def _collect(grid: Any, metric: str, mode: str, experiment: Path, plot: bool) -> TuneResult:

@@ -31,7 +31,7 @@ def checkpoint_plan(steps: int) -> tuple[int, int]:
     report registers is still there when Tune copies it, however far the workers ran
     ahead, and PBT's donor or a resumed trial finds the one Tune registered."""
     every = max(1, steps // 8)
-    return every, steps // every
+    return every, -(-steps // every)  # the multiples of ``every``, and the last step
 
 
 @dataclass(frozen=True)
