@@ -124,12 +124,32 @@ def test_a_job_whose_least_size_is_above_one_starts():
     # a busy cluster: two running jobs hold every worker; the policy starts B, and they
     # shrink toward their least sizes to make the room B's least size needs
     times = {4: (10, 0.4)}
-    a = _row(1, JobState.RUNNING, started=1.0, target=4, workers=4, max_seen=4, steps=100,
+    a = _row(1, JobState.RUNNING, started=1.0, target=4, workers=4, max_seen=4, steps=1000,
              step=10, step_times=times)
-    c = _row(3, JobState.RUNNING, started=2.0, target=4, workers=4, max_seen=4, steps=100,
+    c = _row(3, JobState.RUNNING, started=2.0, target=4, workers=4, max_seen=4, steps=1000,
              step=10, step_times=times)
     b = _row(2, JobState.QUEUED, least=4, most=4, sizes=(4,))
     assert targets(ours, [a, b, c], 8, 10.0, 1.0) == {1: 2, 2: 4, 3: 2}
+
+
+def test_a_job_about_to_end_is_not_shrunk():
+    """A running job that ends within a resize's latency keeps its size: the job the
+    policy gives its room starts all the same and takes the room when it ends. (The
+    moment of the shared-cluster benchmark when its fourth job arrives.)"""
+    ours = make_policy(PolicyName.UNIPAR)
+    long = _row(1, JobState.RUNNING, target=1, workers=1, max_seen=2, steps=400, step=60,
+                step_times={2: (20, 1.0), 1: (10, 0.9)})
+    ending = _row(2, JobState.RUNNING, target=2, workers=2, max_seen=2, steps=60, step=8,
+                  step_times={2: (5, 0.27)})  # 52 steps of 0.054 s left: 2.8 s
+    starting = _row(3, JobState.RUNNING, target=1, steps=150)
+    new = _row(4, JobState.QUEUED, steps=60)
+    jobs = [long, ending, starting, new]
+    # a resize that took no time: the policy shares the 4 workers out, one each
+    assert targets(ours, jobs, 4, 12.0, 1.0, ResizeCost(latency=0.0)) == {1: 1, 2: 1, 3: 1,
+                                                                          4: 1}
+    # a new worker takes 5 s to start: the ending job keeps 2, the new one starts on 1
+    assert targets(ours, jobs, 4, 12.0, 1.0, ResizeCost(latency=5.0)) == {1: 1, 2: 2, 3: 1,
+                                                                          4: 1}
 
 
 def test_a_running_job_grows_only_when_the_resize_pays():

@@ -164,6 +164,26 @@ def remaining_s(row: JobRow) -> float:
     return float("inf") if t is None else (row.steps - row.step) * t
 
 
+def srpt_order(rows: Sequence[JobRow]) -> list[JobRow]:
+    """``rows``, the least time left first. A job that has reported no step time yet (it
+    has just started) is ranked by its steps left at the median step time the others
+    reported at its size (a prior until it is measured; ``inf`` without one), not last
+    behind every job measured."""
+    def prior(size: int) -> float | None:
+        seen = [sec / n for r in rows for k, (n, sec) in (r.step_times or {}).items()
+                if k == size and n > 0]
+        return float(np.median(seen)) if seen else None
+
+    def left(row: JobRow) -> float:
+        known = remaining_s(row)
+        if known < float("inf"):
+            return known
+        t = prior(max(row.target, 1))
+        return float("inf") if t is None else (row.steps - row.step) * t
+
+    return sorted(rows, key=lambda r: (left(r), r.steps - r.step))
+
+
 def _down_to(sizes: Sequence[int], count: int) -> int:
     """The largest size up to ``count`` (0 when none)."""
     return max((s for s in sizes if s <= count), default=0)
@@ -183,7 +203,7 @@ def targets(
     only out of the workers left over, the one with the least time left first (shortest
     remaining time first: the order that minimises mean completion time, Schrage 1968),
     each only where growing finishes it sooner (:func:`grow_pays`, with the measured
-    ``cost``)."""
+    ``cost``). A job about to end is not shrunk (:func:`_keep_finishers`)."""
     live = [r for r in rows if not r.state.ended]
     if not live or slots < 1:
         return {r.id: r.target for r in live}
@@ -209,7 +229,7 @@ def targets(
         free -= count
     waiting = _make_room(order, usable, wanted, out, slots)
     free = slots - sum(out.values())
-    for r in sorted(order, key=lambda r: (remaining_s(r), r.steps - r.step)):  # SRPT
+    for r in srpt_order(order):  # shortest remaining time first
         if out[r.id] == 0 or (waiting and r.target > 0):  # the room is kept for the queue
             continue
         bigger = [s for s in usable[r.id] if out[r.id] < s <= out[r.id] + free
@@ -217,7 +237,18 @@ def targets(
         if bigger:
             free -= max(bigger) - out[r.id]
             out[r.id] = max(bigger)
+    _keep_finishers(live, out, cost)
     return out
+
+
+def _keep_finishers(live: Sequence[JobRow], out: dict[int, int], cost: ResizeCost) -> None:
+    """A running job that ends, at its present size, within ``cost.latency`` (the
+    soonest the room it would give can be used: a new worker's start) keeps its size
+    (``out`` changed in place): shrinking it would pause and slow it for nothing. The
+    jobs given its room take it when it ends (their workers wait for it meanwhile)."""
+    for r in live:
+        if 0 < out[r.id] < r.target and remaining_s(r) <= cost.latency:
+            out[r.id] = r.target
 
 
 def _make_room(

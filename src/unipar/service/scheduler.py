@@ -32,6 +32,7 @@ from unipar.service.state import JobRow, JobState, Store
 NAMESPACE = "unipar"
 SCHEDULER_NAME = "unipar-scheduler"
 STATUS_TIMEOUT_S = 10.0
+NEW_RUNNER_WAIT_S = 0.2  # how long a round waits for runners not heard from yet
 
 
 class Scheduler:
@@ -196,8 +197,10 @@ class Scheduler:
 
     def _statuses(self, rows: list[JobRow]) -> dict[int, Any]:
         """Each runner's status, asked of all at once; a runner that does not answer within
-        a round's interval (its process still starting) is asked again next round, one
-        whose process is gone maps to :class:`RunnerLost` (why, when Ray says)."""
+        a round's interval is asked again next round (one not heard from yet, its process
+        still starting, is waited for ``NEW_RUNNER_WAIT_S`` only: the round, and the
+        sizes of the jobs that run, do not wait on it), one whose process is gone maps to
+        :class:`RunnerLost` (why, when Ray says)."""
         asked: dict[int, Any] = {}
         out: dict[int, Any] = {}
         for row in rows:
@@ -209,9 +212,12 @@ class Scheduler:
                 asked[row.id] = runner.status.remote()
             except ValueError:
                 out[row.id] = RunnerLost("its runner process was lost")
-        if asked:
-            ray.wait(list(asked.values()), num_returns=len(asked),
-                     timeout=min(STATUS_TIMEOUT_S, max(self.interval_s, 0.5)))
+        if asked:  # a runner not heard from yet (its process starting) is not waited for
+            ray.wait(list(asked.values()), num_returns=len(asked), timeout=NEW_RUNNER_WAIT_S)
+            known = [ref for job_id, ref in asked.items() if job_id in self._polled]
+            if known:
+                ray.wait(known, num_returns=len(known),
+                         timeout=min(STATUS_TIMEOUT_S, max(self.interval_s, 0.5)))
         for job_id, ref in asked.items():
             if not ray.wait([ref], timeout=0)[0]:
                 continue
