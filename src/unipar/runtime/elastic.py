@@ -172,9 +172,10 @@ class ElasticController:
         config = self.config
         members: list[Member] = []
         try:
-            # an outside size target (a scheduler's) promises its room, which a job about
-            # to end may still hold: start that many; alone, start what fits now
-            room = self.supervisor.room() if self.size_target is None else self._most()
+            # a size target set (a scheduler's) promises its room, which a job about to
+            # end may still hold: start that many; without one, start what fits now
+            target = self.size_target() if self.size_target is not None else None
+            room = self.supervisor.room() if target is None else self._most()
             wanted = max(config.least_workers, min(self._most(), room))
             members = self.supervisor.start(wanted, config.placement_timeout_s,
                                             most=self._most)

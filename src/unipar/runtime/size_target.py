@@ -4,9 +4,12 @@ The elastic controller (:mod:`unipar.runtime.elastic`) asks its size target at e
 poll of its running gang (every ``poll_interval_s``, 0.5 s by default): above the
 gang's size it grows up to the target when the cluster has room; below it, the workers
 past the target leave at the next step boundary, the same way as from a draining node
-(no step lost). ``None``: no outside
-decision, the job's own ``workers`` range alone bounds it. The shared-cluster scheduler
-(:mod:`unipar.service`) sets one per job; any callable returning ``int | None`` works.
+(no step lost). A gang that starts under a target starts that many workers, waiting up
+to ``placement_timeout_s`` for their room (a scheduler's target promises it, though a job
+about to end may still hold it for a few seconds). ``None``: no outside decision, the
+job's own ``workers`` range alone bounds it, and the gang starts on what fits. The
+shared-cluster scheduler (:mod:`unipar.service`) sets one per job; any callable returning
+``int | None`` works.
 """
 
 from __future__ import annotations
