@@ -354,8 +354,11 @@ def _by_id(job_id: int) -> JobRow:
 def shared_run(ray_cluster, tmp_path_factory):  # type: ignore[no-untyped-def]
     state = tmp_path_factory.mktemp("service")
     client.up(state_dir=state, interval_s=0.5, policy=PolicyName.UNIPAR)
-    # B's samples are slow enough that, once A ends, growing it pays for the resize
-    jobs = {"a": mlp_job("job-a", 240, seed=0), "b": mlp_job("job-b", 320, seed=1, delay=0.02)}
+    # B's samples are slow enough that, once A ends, growing it pays for the resize; A's
+    # leave it well over a grow's latency (5 s until measured) to run when B arrives, else
+    # it would keep its size as a job about to end
+    jobs = {"a": mlp_job("job-a", 240, seed=0, delay=0.015),
+            "b": mlp_job("job-b", 320, seed=1, delay=0.02)}
     a = client.submit(jobs["a"], workers=(1, 4), checkpoint_every=10_000)
     _wait(lambda: (r := _by_id(a.id)).workers == 4 and r.step >= 10)
     b = client.submit(jobs["b"], workers=(1, 4), checkpoint_every=10_000)
