@@ -174,9 +174,10 @@ class ElasticController:
         try:
             # a size target set (a scheduler's) promises its room, which a job about to
             # end may still hold: start that many; without one, start what fits now
-            target = self.size_target() if self.size_target is not None else None
-            room = self.supervisor.room() if target is None else self._most()
-            wanted = max(config.least_workers, min(self._most(), room))
+            most = self._most()
+            promised = self.size_target is not None and self.size_target() is not None
+            wanted = most if promised else max(config.least_workers,
+                                               min(most, self.supervisor.room()))
             members = self.supervisor.start(wanted, config.placement_timeout_s,
                                             most=self._most)
             members = self._at_least_min(members)

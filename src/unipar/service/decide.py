@@ -129,12 +129,17 @@ def job_view(row: JobRow, now: float, peers: Sequence[JobRow]) -> JobView:
     )
 
 
+def _measured(row: JobRow) -> dict[int, float]:
+    """The mean seconds per step ``row`` reported at each size it ran at."""
+    return {k: sec / n for k, (n, sec) in (row.step_times or {}).items() if n > 0}
+
+
 def step_time(row: JobRow, workers: int) -> float | None:
     """Seconds per step of ``row`` on ``workers``: the mean it reported there, else its
     fitted model's prediction, or, seen at one size only, that size's time scaled
     perfectly (optimistic, as Pollux explores, §4.1: one try measures it); ``None``
     before it reported any."""
-    seen = {k: sec / n for k, (n, sec) in (row.step_times or {}).items() if n > 0}
+    seen = _measured(row)
     if workers in seen:
         return seen[workers]
     if len(seen) == 1:
@@ -170,15 +175,13 @@ def srpt_order(rows: Sequence[JobRow]) -> list[JobRow]:
     reported at its size (a prior until it is measured; ``inf`` without one), not last
     behind every job measured."""
     def prior(size: int) -> float | None:
-        seen = [sec / n for r in rows for k, (n, sec) in (r.step_times or {}).items()
-                if k == size and n > 0]
+        seen = [m[size] for m in map(_measured, rows) if size in m]
         return float(np.median(seen)) if seen else None
 
     def left(row: JobRow) -> float:
-        known = remaining_s(row)
-        if known < float("inf"):
-            return known
-        t = prior(max(row.target, 1))
+        size = max(row.target, 1)
+        t = step_time(row, size)
+        t = prior(size) if t is None else t
         return float("inf") if t is None else (row.steps - row.step) * t
 
     return sorted(rows, key=lambda r: (left(r), r.steps - r.step))
