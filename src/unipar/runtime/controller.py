@@ -45,7 +45,7 @@ class Callback:
 
     def on_resize(self, event: Any) -> None:
         """Called when an elastic gang re-formed with another number of workers
-        (a :class:`~unipar.runtime.elastic.ResizeEvent`)."""
+        (a :class:`~unipar.runtime.elastic_formation.ResizeEvent`)."""
 
 
 class WorkerLost(Exception):

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import ray
@@ -43,9 +42,22 @@ import ray
 from unipar.errors import ResourceError, TrainingFailedError, UniparError, UserCodeError
 from unipar.job import Job
 from unipar.plan import Plan
-from unipar.runtime.checkpoint import latest_checkpoint, read_checkpoint
+from unipar.runtime.checkpoint import latest_checkpoint
 from unipar.runtime.config import RunConfig
 from unipar.runtime.controller import Callback, RunState, WorkerLost
+from unipar.runtime.elastic_formation import (
+    GRACE_S,
+    SURVIVOR_GRACE_S,
+    FormationEnd,
+    FormBroken,
+    ResizeEvent,
+    StateSource,
+    committed_steps,
+    disk_source,
+    event_record,
+    export_state,
+    gather_forms,
+)
 from unipar.runtime.elastic_worker import (
     ElasticWorker,
     Finished,
@@ -66,54 +78,8 @@ from unipar.runtime.worker_group import WorkerInfo
 
 _CLUSTER_CHECK_S = 1.0  # how often the cluster is asked for free room and draining nodes
 # (and at every poll while the size target has moved or joiners start up)
-_SURVIVOR_GRACE_S = 30.0  # survivors still not done this long after a loss are given up
-_GRACE_S = 3.0  # after a failed step, how long to wait for Ray to report a lost peer
 _JOINER_WAIT_S = 30.0  # workers started to grow still not placed by then are given up
 _STOPPING_POLL_S = 0.02  # how often the streams are read while the gang pauses to resize
-
-
-@dataclass(frozen=True)
-class ResizeEvent:
-    """The gang went from ``old`` to ``new`` workers before step ``step``."""
-
-    step: int
-    old: int
-    new: int
-    reason: str
-    seconds: float  # from the event (loss seen, stop requested) to the new gang formed
-
-    def __str__(self) -> str:
-        return f"{self.old}\u2192{self.new} at step {self.step}: {self.reason}"
-
-
-@dataclass(frozen=True)
-class _Source:
-    """Where a new formation takes its state from."""
-
-    step: int
-    snapshot: list[ray.ObjectRef] | None = None
-    resume_from: Path | None = None
-    keep: frozenset[int] = frozenset()  # pids of survivors that hold the state already
-
-
-class _FormBroken(Exception):
-    """Members were lost while a gang formed: the ``survivors`` form the next one."""
-
-    def __init__(self, survivors: list[Member]) -> None:
-        super().__init__("members lost while the gang formed")
-        self.survivors = survivors
-
-
-@dataclass
-class _End:
-    """How a formation ended."""
-
-    streams: list[Stream]
-    dead: list[Member]
-    leaving: list[Member]
-    joiners: list[Member]
-    reason: str
-    began: float  # when the event that ended it was seen
 
 
 class ElasticController:
@@ -184,11 +150,11 @@ class ElasticController:
             keep = self._usable(min(len(members), self._most()))  # the target may have fallen
             self.supervisor.kill(members[keep:])
             members = members[:keep]
-            source = _Source(step=0, resume_from=self.resume_from)
+            source = StateSource(step=0, resume_from=self.resume_from)
             while True:
                 try:
                     end = self._formation(members, source)
-                except _FormBroken as broken:
+                except FormBroken as broken:
                     members, source = self._reform_broken(members, source, broken)
                     continue
                 finished = [s.result for s in end.streams if isinstance(s.result, Finished)]
@@ -226,7 +192,7 @@ class ElasticController:
             )
         return members
 
-    def _formation(self, members: list[Member], source: _Source) -> _End:
+    def _formation(self, members: list[Member], source: StateSource) -> FormationEnd:
         config = self.config
         size = len(members)
         plan = self.plan = self.plan_for(size)
@@ -266,19 +232,19 @@ class ElasticController:
 
     def _wait_formed(self, forms: list[ray.ObjectRef], members: list[Member]) -> int:
         """The first step of the formed gang. A member lost meanwhile counts as a failure
-        (``max_failures``) and breaks the formation (:class:`_FormBroken`): the store
+        (``max_failures``) and breaks the formation (:class:`FormBroken`): the store
         is closed, so that the others, waiting for it, return; they are given up after
         a grace period."""
-        lost, failed = _gather_forms(forms, self.config.collective_timeout_s)
+        lost, failed = gather_forms(forms, self.config.collective_timeout_s)
         if lost:
             self.host.close()
             for rank, error in lost.items():
                 self._lost(rank, error)
-            ray.wait(forms, num_returns=len(forms), timeout=_GRACE_S)
+            ray.wait(forms, num_returns=len(forms), timeout=GRACE_S)
             gone = [m for rank, (m, ref) in enumerate(zip(members, forms, strict=True))
                     if rank in lost or not ray.wait([ref], timeout=0)[0]]
             self.supervisor.kill(gone)
-            raise _FormBroken([m for m in members if m not in gone])
+            raise FormBroken([m for m in members if m not in gone])
         if failed is not None:
             self.supervisor.kill(members)
             cause = failed.cause if isinstance(failed.cause, BaseException) else failed
@@ -294,7 +260,7 @@ class ElasticController:
             )
         return int(ray.get(forms[0]))
 
-    def _follow(self, streams: list[Stream], members: list[Member]) -> _End:
+    def _follow(self, streams: list[Stream], members: list[Member]) -> FormationEnd:
         config = self.config
         dead: list[Member] = []
         leaving: list[Member] = []
@@ -336,12 +302,12 @@ class ElasticController:
             now = time.monotonic()
             if interrupted_at is None and any(isinstance(s.result, Interrupted) for s in streams):
                 interrupted_at = now
-            if not dead and interrupted_at is not None and now - interrupted_at > _GRACE_S:
+            if not dead and interrupted_at is not None and now - interrupted_at > GRACE_S:
                 # A step failed with no peer lost: the job's code raised on some rank and
                 # the others wait in a collective; stop them (the error is raised next).
                 self.supervisor.kill([s.member for s in streams if not s.done])
                 break
-            if dead and now - lost_at > _SURVIVOR_GRACE_S:
+            if dead and now - lost_at > SURVIVOR_GRACE_S:
                 stuck = [s.member for s in streams if not s.done]
                 self.supervisor.kill(stuck)
                 dead += stuck
@@ -369,7 +335,7 @@ class ElasticController:
                     self.host.request_stop()
             if reports and running and not dead:
                 time.sleep(max(0.0, interval - (time.monotonic() - now)))
-        return _End(streams, dead, leaving, joiners, reason, began)
+        return FormationEnd(streams, dead, leaving, joiners, reason, began)
 
     def _grow(self, size: int, joiners: list[Member]) -> str:
         """Start workers in the background toward the largest size the plan takes within
@@ -414,7 +380,7 @@ class ElasticController:
 
     # -- re-forming ------------------------------------------------------------------
 
-    def _reform(self, members: list[Member], end: _End) -> tuple[list[Member], _Source]:
+    def _reform(self, members: list[Member], end: FormationEnd) -> tuple[list[Member], StateSource]:
         ends = [s.result for s in end.streams if s.member not in end.dead]
         failed = [e for e in ends if isinstance(e, Interrupted)]
         if failed and not end.dead:
@@ -439,14 +405,14 @@ class ElasticController:
 
     def _note_resize(self, event: ResizeEvent) -> None:
         self.resizes.append(event)
-        self.metrics.write_event({"event": "resize", **_event_record(event)})
+        self.metrics.write_event({"event": "resize", **event_record(event)})
         self.bar.note(f"[unipar] resize {event}")
         for callback in self.callbacks:
             callback.on_resize(event)
 
     def _reform_broken(
-        self, members: list[Member], source: _Source, broken: _FormBroken
-    ) -> tuple[list[Member], _Source]:
+        self, members: list[Member], source: StateSource, broken: FormBroken
+    ) -> tuple[list[Member], StateSource]:
         """The next gang after members were lost while one formed: the survivors (topped
         up to the minimum) from the same state (a formation trains no step). Survivors
         that kept their replica's state keep it, or one of them writes it out for all."""
@@ -459,17 +425,17 @@ class ElasticController:
             if not holders:
                 source = self._lost_holders_source()
             elif len(holders) < len(new) or not replicated(self.plan_for(len(new))):
-                source = _Source(source.step, snapshot=[_export(holders, new)])
+                source = StateSource(source.step, snapshot=[export_state(holders, new)])
             else:
-                source = _Source(source.step, keep=frozenset(m.pid for m in holders))
+                source = StateSource(source.step, keep=frozenset(m.pid for m in holders))
         event = ResizeEvent(source.step, len(members), len(new),
                             "worker lost while the gang formed", time.monotonic() - began)
         self._note_resize(event)
         return new, source
 
-    def _lost_holders_source(self) -> _Source:
+    def _lost_holders_source(self) -> StateSource:
         """The state once no process holds it: the newer of the snapshot and the disk."""
-        disk = _disk_source(latest_checkpoint(self.policy.directory) or self.resume_from)
+        disk = disk_source(latest_checkpoint(self.policy.directory) or self.resume_from)
         if self._snapshot is not None and self._snapshot[0] >= disk.step:
             return self._from_snapshot()
         return disk  # the newer state: fewer steps redone
@@ -489,15 +455,17 @@ class ElasticController:
                 continue
         return size  # plan_for raises the reason when the gang forms
 
-    def _state_source(self, members: list[Member], end: _End, new: list[Member]) -> _Source:
+    def _state_source(
+        self, members: list[Member], end: FormationEnd, new: list[Member]
+    ) -> StateSource:
         ends = {s.member.pid: s.result for s in end.streams}
         if not end.dead:
             step = next(e.step for e in ends.values() if isinstance(e, Paused))
             if self._snapshot is not None and self._snapshot[0] == step:
                 return self._from_snapshot()
-            return _disk_source(self.resume_from)  # paused before the first step
+            return disk_source(self.resume_from)  # paused before the first step
         survivors = [m for m in members if m not in end.dead]
-        committed = {m.pid: _committed(ends.get(m.pid)) for m in survivors}
+        committed = {m.pid: committed_steps(ends.get(m.pid)) for m in survivors}
         assert self.plan is not None
         if replicated(self.plan) and max(committed.values(), default=0) > 0:
             # Replicas: those with the most committed steps hold the whole state. If the
@@ -506,14 +474,14 @@ class ElasticController:
             top = max(committed.values())
             holders = [m for m in survivors if committed.get(m.pid) == top]
             if replicated(self.plan_for(len(new))) and all(m in holders for m in new):
-                return _Source(top, keep=frozenset(m.pid for m in new))
-            return _Source(top, snapshot=[_export(holders, new)])
+                return StateSource(top, keep=frozenset(m.pid for m in new))
+            return StateSource(top, snapshot=[export_state(holders, new)])
         return self._lost_holders_source()
 
-    def _from_snapshot(self) -> _Source:
+    def _from_snapshot(self) -> StateSource:
         assert self._snapshot is not None
         step, parts = self._snapshot
-        return _Source(step, snapshot=[ray.put(part) for part in parts])
+        return StateSource(step, snapshot=[ray.put(part) for part in parts])
 
     # -- progress --------------------------------------------------------------------
 
@@ -532,73 +500,3 @@ class ElasticController:
             self.bar.update(metrics)
             for callback in self.callbacks:
                 callback.on_step(metrics, self.workers)
-
-
-def _gather_forms(
-    forms: list[ray.ObjectRef], timeout_s: float
-) -> tuple[dict[int, BaseException], ray.exceptions.RayTaskError | None]:
-    """Wait for the members' ``form`` calls; the ranks whose processes were lost, and the
-    first error a form raised. At the first loss or error it stops waiting; after an
-    error, Ray is given a grace period to report a lost peer (the error may be the
-    broken connection to it)."""
-    lost: dict[int, BaseException] = {}
-    failed: ray.exceptions.RayTaskError | None = None
-    pending, until = list(forms), time.monotonic() + timeout_s
-    while pending and not lost:
-        left = until - time.monotonic() if failed is None else _GRACE_S
-        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, left))
-        if not ready:
-            break
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except PROCESS_LOST as error:
-                lost[forms.index(ref)] = error
-            except ray.exceptions.RayTaskError as error:
-                failed = failed or error
-    return lost, failed
-
-
-def _export(holders: list[Member], new: list[Member]) -> ray.ObjectRef:
-    """A replica's whole state, written out by one of ``holders`` for the ``new`` gang: by
-    a member of it where one holds the state; else by one about to be stopped (a leaving
-    member), waited for here, before it is stopped."""
-    exporter = next((m for m in holders if m in new), holders[0])
-    ref = exporter.actor.export_state.remote()
-    if exporter not in new:
-        ray.wait([ref], timeout=_SURVIVOR_GRACE_S)
-    return ref
-
-
-def _disk_source(path: Path | None) -> _Source:
-    """From the checkpoint at ``path`` (its step), or from scratch (``None``)."""
-    return _Source(max(0, _checkpoint_step(path)), resume_from=path)
-
-
-def _checkpoint_step(path: Path | None) -> int:
-    """The step of the checkpoint at ``path`` (-1: none, or not readable)."""
-    if path is None:
-        return -1
-    try:
-        return read_checkpoint(path).step
-    except UniparError:
-        return -1
-
-
-def _committed(end: object) -> int:
-    """Steps a survivor committed, from how its stream ended (-1: unknown)."""
-    if isinstance(end, Interrupted):
-        return end.committed
-    if isinstance(end, Paused):
-        return end.step
-    return -1
-
-
-def _event_record(event: ResizeEvent) -> dict[str, object]:
-    return {
-        "step": event.step,
-        "old": event.old,
-        "new": event.new,
-        "reason": event.reason,
-        "seconds": round(event.seconds, 3),
-    }
