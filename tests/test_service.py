@@ -294,6 +294,60 @@ def test_worker_sizes_and_deadlines():
         client.check_workers((4, 2))
 
 
+def _step(step: int, seconds: float, batch: int | None = None, progress: float = 0.0):  # type: ignore[no-untyped-def]
+    from unipar.adapt.state import AdaptStats
+    from unipar.runtime.metrics import StepMetrics
+
+    adapt = None if batch is None else AdaptStats(batch, 20.0, 0.5, 0.0, 0.7, progress)
+    return StepMetrics(step, 1.0, 1e-3, batch or 32, 0, seconds, 0.0, 0, 100.0 + step,
+                       adapt=adapt)
+
+
+def test_an_adaptive_job_reports_progress_in_steps_of_its_initial_batch():
+    """An adaptive job (M0 32) at batch 8 makes half a step of M0's progress per step: the
+    runner reports its progress, not its steps, and seconds per step of progress, so its
+    place in the table and its time left are those of its own end (progress = steps)."""
+    from unipar.service.decide import remaining_s
+    from unipar.service.ledger import WARMUP_STEPS, RunnerStatus, StepLedger
+
+    adaptive = StepLedger(RunnerStatus(), batch=32)
+    for i in range(11):  # a step reports the progress before it
+        adaptive.step(_step(i, 0.05, batch=8, progress=0.5 * i), size=2)
+    status = adaptive.status
+    assert status.step == 5 and status.batch == 8
+    timed = 10 - WARMUP_STEPS  # the 11th step's share is counted at the 12th
+    assert status.step_times == {2: pytest.approx((0.5 * timed, 0.05 * timed))}
+    assert status.steps_per_s == pytest.approx(10.0)
+    row = _row(1, JobState.RUNNING, batch=32, steps=100, step=status.step, target=2,
+               workers=2, step_times=status.step_times, steps_per_s=status.steps_per_s,
+               running_batch=status.batch)
+    assert remaining_s(row) == pytest.approx(95 * 0.1)  # 95 steps of M0 at 0.1 s each
+    table = client.format_jobs([row])
+    assert "8 (M0 32)" in table and "5/100 (5%)" in table and "320.0/s" in table
+
+    fixed = StepLedger(RunnerStatus(), batch=32)
+    for i in range(10):
+        fixed.step(_step(i, 0.05), size=2)
+    assert fixed.status.step == 10 and fixed.status.batch == 32
+    assert fixed.status.step_times == {2: pytest.approx((timed, 0.05 * timed))}
+    adaptive.step(_step(11, 0.05, batch=8, progress=0.5), size=2)  # rolled back: no share
+    assert adaptive.status.step == 0 and status.step_times[2][0] == pytest.approx(0.5 * timed)
+
+
+def test_a_store_written_by_an_older_unipar_gains_the_new_columns(tmp_path):
+    import sqlite3
+
+    store = Store(tmp_path / "s.sqlite")
+    job_id = store.add(_row(0, JobState.QUEUED), b"job")
+    store.close()
+    db = sqlite3.connect(str(tmp_path / "s.sqlite"))
+    db.execute("ALTER TABLE jobs DROP COLUMN running_batch")  # as an older unipar wrote it
+    db.commit()
+    db.close()
+    row = Store(tmp_path / "s.sqlite").row(job_id)
+    assert row is not None and row.running_batch == 0 and row.batch == 8
+
+
 def test_store_keeps_jobs_and_history(tmp_path):
     store = Store(tmp_path / "s.sqlite")
     job_id = store.add(_row(0, JobState.QUEUED), b"job")

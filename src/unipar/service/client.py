@@ -276,6 +276,12 @@ def cancel(job_id: int) -> JobRow:
     return call(scheduler().cancel.remote(job_id))
 
 
+def _batch(row: JobRow) -> str:
+    """The global batch it runs, and its M0 where an adaptive batch moved from it."""
+    now = row.running_batch or row.batch
+    return str(now) if now == row.batch else f"{now} (M0 {row.batch})"
+
+
 def format_jobs(rows: list[JobRow]) -> str:
     """The ``unipar jobs`` table."""
     header = ("JOB", "NAME", "USER", "STATE", "WORKERS", "BATCH", "GOODPUT", "PROGRESS", "ETA")
@@ -285,7 +291,7 @@ def format_jobs(rows: list[JobRow]) -> str:
         lines.append((
             str(r.id), r.name, r.user, r.state.value,
             f"{r.workers}/{r.target}" if r.state is JobState.RUNNING else "-",
-            str(r.batch), f"{r.goodput:.1f}/s" if r.steps_per_s else "-",
+            _batch(r), f"{r.goodput:.1f}/s" if r.steps_per_s else "-",
             f"{r.step}/{r.steps} ({100 * r.step / max(r.steps, 1):.0f}%)",
             "-" if eta is None else f"{eta:.0f}s",
         ))

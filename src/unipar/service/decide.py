@@ -3,15 +3,18 @@
 The policy is a :mod:`unipar.sched` policy, the same object ``unipar simulate`` drives.
 Workers stand for the policy's GPUs (one Ray worker of ``cpus_per_worker`` CPUs each) on
 one node of ``slots`` workers: Ray places the workers. Each job's throughput model is
-fitted (:func:`unipar.sched.throughput.fit`, Pollux §3.2) on the mean step time it reported
-at each size; gradient statistics are not reported yet, so every batch counts fully
-(``grad_sqr=1, grad_var=0``: efficiency 1) and the runtime keeps each job's global batch
-(the policy's batch choice is not applied). The policy's counts are then fitted to what a
-job can run on: a size its plan takes (``sizes``), at least its minimum for a running job,
-at most its present size for a running job (grows come next), and the workers left idle
-handed out shortest remaining time first, to a job starting up to its maximum, to a
-running one only where growing pays for its measured cost (:func:`targets`; the goodput
-policy alone explores at most twice the size a job has been seen at, Pollux §4.1).
+fitted (:func:`unipar.sched.throughput.fit`, Pollux §3.2) on the mean seconds per step of
+batch M0's progress it reported at each size (:mod:`unipar.service.ledger`). For an
+adaptive job, whose runtime picks its batch and learning rate at each size from its own
+gradient statistics, that is its measured goodput, statistical efficiency included; so the
+policy is given efficiency 1 (``grad_sqr=1, grad_var=0``) lest it count efficiency twice,
+and its batch choice is not applied (the runtime's is). The policy's counts are then
+fitted to what a job can run on: a size its plan takes (``sizes``), at least its minimum
+for a running job, at most its present size for a running job (grows come next), and the
+workers left idle handed out shortest remaining time first, to a job starting up to its
+maximum, to a running one only where growing pays for its measured cost (:func:`targets`;
+the goodput policy alone explores at most twice the size a job has been seen at, Pollux
+§4.1).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def worker_sizes(least: int, most: int, batch: int) -> tuple[int, ...]:
 
 
 def observations(row: JobRow) -> list[Observation]:
-    """The mean step time at each size the job ran at."""
+    """The mean seconds per step of M0's progress at each size the job ran at."""
     return [
         Observation(nodes=1, replicas=k, local_bsz=row.batch / k, step_time=sec / n,
                     sync_time=0.0)
@@ -130,7 +133,7 @@ def job_view(row: JobRow, now: float, peers: Sequence[JobRow]) -> JobView:
 
 
 def _measured(row: JobRow) -> dict[int, float]:
-    """The mean seconds per step ``row`` reported at each size it ran at."""
+    """The mean seconds per step of M0's progress ``row`` reported at each size it ran at."""
     return {k: sec / n for k, (n, sec) in (row.step_times or {}).items() if n > 0}
 
 

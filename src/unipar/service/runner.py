@@ -3,7 +3,8 @@
 The scheduler starts one detached, named runner per job on the head node; the runner's
 thread runs :func:`unipar.fit` with an elastic worker range and a
 :class:`~unipar.runtime.size_target.SizeTarget` the scheduler sets, and collects what
-the scheduler reads each round: steps done, workers, mean step time per size, resizes.
+the scheduler reads each round (:mod:`unipar.service.ledger`): steps of batch M0 done,
+workers, seconds per step at each size, resizes.
 The training workers belong to the runner's process, so they outlive a scheduler that
 dies (the runner is detached) and go with the runner when a job is cancelled.
 """
@@ -13,32 +14,12 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from unipar.runtime.controller import Callback
 from unipar.runtime.size_target import SizeTarget
-
-WARMUP_STEPS = 2  # steps after each (re)formation left out of the step times
-
-
-@dataclass
-class RunnerStatus:
-    """What the runner reports to the scheduler."""
-
-    state: str = "running"  # running, done, failed
-    step: int = 0
-    workers: int = 0
-    step_times: dict[int, tuple[int, float]] = field(default_factory=dict)
-    steps_per_s: float = 0.0
-    resizes: list[str] = field(default_factory=list)
-    error: str = ""
-    summary: str = ""
-    # what its resizes cost: seconds from a raised target to the gang running at it (new
-    # workers start meanwhile), and seconds without a step while the gang re-formed
-    grow_latency_s: list[float] = field(default_factory=list)
-    pause_s: list[float] = field(default_factory=list)
+from unipar.service.ledger import RunnerStatus, StepLedger
 
 
 class JobRunner:
@@ -59,11 +40,9 @@ class JobRunner:
         self.target = SizeTarget(target)
         self._decided = decided  # when the scheduler chose the target in force
         self.status_ = RunnerStatus()
+        self._ledger = StepLedger(self.status_, self.job.global_batch_size)
         self._lock = threading.Lock()
-        self._since_formed = 0
         self._raised_at: float | None = None  # monotonic time the target rose past the gang
-        self._last_step_at: float | None = None  # unix time the last step finished
-        self._paused_since: float | None = None  # ... the last step before a resize
         self._thread = threading.Thread(target=self._run, args=(workers,), daemon=True)
         self._thread.start()
 
@@ -82,10 +61,7 @@ class JobRunner:
 
     def status(self) -> RunnerStatus:
         with self._lock:
-            s = self.status_
-            return RunnerStatus(s.state, s.step, s.workers, dict(s.step_times), s.steps_per_s,
-                                list(s.resizes), s.error, s.summary, list(s.grow_latency_s),
-                                list(s.pause_s))
+            return self.status_.copy()
 
     def pid(self) -> int:
         import os
@@ -119,33 +95,20 @@ class JobRunner:
         self._log(summary)
         with self._lock:
             self.status_.state, self.status_.summary = "done", summary
-            self.status_.step = len(result.history)
+            # steps of batch M0: an adaptive job's progress reached its steps
+            self.status_.step = self.job.steps if self.job.adaptive else len(result.history)
 
     def _on_step(self, metrics: Any, size: int) -> None:
         with self._lock:
-            s = self.status_
-            if size != s.workers:
-                self._since_formed = 0
-            if self._paused_since is not None:
-                began = metrics.finished_at - metrics.step_time_s
-                s.pause_s.append(max(0.0, began - self._paused_since))
-                self._paused_since = None
-            self._last_step_at = metrics.finished_at
-            s.step, s.workers = metrics.step + 1, size
-            self._since_formed += 1
-            if self._since_formed > WARMUP_STEPS:
-                n, sec = s.step_times.get(size, (0, 0.0))
-                s.step_times[size] = (n + 1, sec + metrics.step_time_s)
-                s.steps_per_s = (n + 1) / max(sec + metrics.step_time_s, 1e-9)
+            self._ledger.step(metrics, size)
+            done = self.status_.step
         if metrics.step % max(1, self.job.steps // 10) == 0:
-            self._log(f"step {metrics.step + 1}/{self.job.steps} loss {metrics.loss:.4f} "
-                      f"on {size} workers")
+            self._log(f"step {done}/{self.job.steps} loss {metrics.loss:.4f} on {size} workers")
 
     def _on_resize(self, event: Any) -> None:
         with self._lock:
             self.status_.resizes.append(str(event))
-            self._since_formed = 0
-            self._paused_since = self._last_step_at
+            self._ledger.resized()
             if event.new > event.old and self._raised_at is not None:
                 self.status_.grow_latency_s.append(time.monotonic() - self._raised_at)
                 self._raised_at = None

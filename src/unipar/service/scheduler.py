@@ -240,7 +240,8 @@ class Scheduler:
             self.store.event(row.id, f"resize {text}")
         self.store.update(
             row.id, step=status.step, workers=status.workers, step_times=status.step_times,
-            steps_per_s=status.steps_per_s, restarts=len(status.resizes),
+            steps_per_s=status.steps_per_s, running_batch=status.batch,
+            restarts=len(status.resizes),
             max_seen=max(row.max_seen, status.workers),
             worker_seconds=row.worker_seconds + status.workers * (now - last),
         )

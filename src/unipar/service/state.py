@@ -12,7 +12,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ class JobRow:
     least: int
     most: int
     sizes: tuple[int, ...]  # worker counts its plan can take, least..most
-    batch: int
+    batch: int  # its global batch M0 (an adaptive job's first)
     steps: int
     state: JobState
     submitted: float
@@ -49,19 +49,22 @@ class JobRow:
     ended: float | None = None
     target: int = 0  # workers the scheduler gives it
     workers: int = 0  # workers it runs on, as it last reported
-    step: int = 0  # steps done
-    steps_per_s: float = 0.0  # at its current size
+    step: int = 0  # steps of batch M0 done (an adaptive job's progress)
+    steps_per_s: float = 0.0  # steps of M0's progress per second at its current size
     worker_seconds: float = 0.0  # workers x seconds held so far
     max_seen: int = 0  # most workers it ran on
     restarts: int = 0  # resizes so far
-    step_times: dict[int, tuple[int, float]] | None = None  # size -> (steps, seconds)
+    # size -> (steps of M0's progress, seconds) (:mod:`unipar.service.ledger`)
+    step_times: dict[int, tuple[float, float]] | None = None
     runner: str = ""  # the name of its runner actor
     run_dir: str = ""
     error: str = ""
+    running_batch: int = 0  # the global batch it last ran (0: none reported yet)
 
     @property
     def goodput(self) -> float:
-        """Samples per second that count (a fixed global batch: all of them)."""
+        """Samples of batch M0's progress per second: throughput × statistical efficiency
+        (Pollux eq. 1) for an adaptive job; all samples count for a fixed batch."""
         return self.steps_per_s * self.batch
 
     @property
@@ -99,7 +102,7 @@ def _decode(name: str, value: Any) -> Any:
         return tuple(json.loads(value))
     if name == "step_times":
         loaded = json.loads(value) if value else None
-        return {int(k): (int(v[0]), float(v[1])) for k, v in loaded.items()} if loaded else None
+        return {int(k): (float(v[0]), float(v[1])) for k, v in loaded.items()} if loaded else None
     return value
 
 
@@ -113,6 +116,18 @@ class Store:
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """Columns a store written by an older unipar lacks are added (their defaults)."""
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)").fetchall()}
+        defaults = {f.name: None if f.default is MISSING else f.default for f in fields(JobRow)}
+        for column in _COLUMNS:
+            if column not in have:
+                value = _encode(column, defaults[column])
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} DEFAULT {value!r}"
+                                 if value is not None else
+                                 f"ALTER TABLE jobs ADD COLUMN {column}")
 
     def token(self) -> str:
         """A random name for this store, made once: runner actors are named with it."""

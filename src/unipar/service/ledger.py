@@ -1,0 +1,97 @@
+"""What a job's runner counts of its steps for the scheduler (pure, no Ray).
+
+Progress is counted in steps of the job's global batch M0, as the job's own end is: one per
+step for a fixed batch, the scale-invariant progress for an adaptive batch (Pollux §3.1:
+a step of batch M counts its gain over a step of M0, AdaScale's r = S·E). The seconds per
+step reported at each worker count are therefore seconds per step of M0's progress: for an
+adaptive job, whose runtime picks its batch at each size, the inverse of its measured
+goodput (throughput × statistical efficiency, Pollux eq. 1), and for a fixed batch the
+plain step time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+WARMUP_STEPS = 2  # steps after each (re)formation left out of the step times
+
+
+@dataclass
+class RunnerStatus:
+    """What the runner reports to the scheduler."""
+
+    state: str = "running"  # running, done, failed
+    step: int = 0  # steps of batch M0 done (an adaptive job's progress, rounded down)
+    workers: int = 0
+    # workers -> (steps of M0's progress, seconds) over the steps timed at that size
+    step_times: dict[int, tuple[float, float]] = field(default_factory=dict)
+    steps_per_s: float = 0.0  # steps of M0's progress per second at the present size
+    batch: int = 0  # the global batch of the last step
+    resizes: list[str] = field(default_factory=list)
+    error: str = ""
+    summary: str = ""
+    # what its resizes cost: seconds from a raised target to the gang running at it (new
+    # workers start meanwhile), and seconds without a step while the gang re-formed
+    grow_latency_s: list[float] = field(default_factory=list)
+    pause_s: list[float] = field(default_factory=list)
+
+    def copy(self) -> RunnerStatus:
+        return RunnerStatus(self.state, self.step, self.workers, dict(self.step_times),
+                            self.steps_per_s, self.batch, list(self.resizes), self.error,
+                            self.summary, list(self.grow_latency_s), list(self.pause_s))
+
+
+@dataclass
+class StepLedger:
+    """Fills ``status`` from the controller's step and resize events (the runner holds
+    it under its lock). ``batch``: the job's global batch M0."""
+
+    status: RunnerStatus
+    batch: int
+    progress: float = 0.0  # steps of M0 done before the last adaptive step
+    last: tuple[int, float, bool] | None = None  # its size, seconds and whether it is timed
+    since_formed: int = 0  # steps since the gang last (re)formed
+    last_step_at: float | None = None  # unix time the last step finished
+    paused_since: float | None = None  # ... the last step before a resize
+
+    def step(self, metrics: Any, size: int) -> None:
+        """One ``StepMetrics`` on ``size`` workers. An adaptive step reports the progress
+        before it (its gain is known once it ran), so its share is counted at the next."""
+        s = self.status
+        if size != s.workers:
+            self.since_formed = 0
+        if self.paused_since is not None:
+            began = metrics.finished_at - metrics.step_time_s
+            s.pause_s.append(max(0.0, began - self.paused_since))
+            self.paused_since = None
+        self.last_step_at = metrics.finished_at
+        self.since_formed += 1
+        timed = self.since_formed > WARMUP_STEPS
+        s.workers = size
+        adapt = metrics.adapt
+        if adapt is None:
+            s.step, s.batch = metrics.step + 1, self.batch
+            self._count(size, 1.0, metrics.step_time_s, timed)
+            return
+        if self.last is not None and adapt.progress >= self.progress:  # not rolled back
+            ran_on, seconds, was_timed = self.last
+            self._count(ran_on, adapt.progress - self.progress, seconds, was_timed)
+        self.progress, self.last = adapt.progress, (size, metrics.step_time_s, timed)
+        s.step, s.batch = int(adapt.progress), adapt.global_batch
+
+    def _count(self, size: int, units: float, seconds: float, timed: bool) -> None:
+        """``units`` steps of M0's progress made in ``seconds`` on ``size`` workers."""
+        if not timed or units <= 0:
+            return
+        s = self.status
+        n, sec = s.step_times.get(size, (0.0, 0.0))
+        n, sec = n + units, sec + seconds
+        s.step_times[size] = (n, sec)
+        if size == s.workers:
+            s.steps_per_s = n / max(sec, 1e-9)
+
+    def resized(self) -> None:
+        """The gang re-forms: the next steps warm up, the pause is timed from the last."""
+        self.since_formed = 0
+        self.paused_since = self.last_step_at
