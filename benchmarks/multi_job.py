@@ -8,7 +8,8 @@ requested size: a job waits until its size is free. (b) ``unipar up --policy uni
 with ``workers=1:4``: the scheduler shares the workers and resizes running jobs.
 Job completion time (JCT) is from submission to the end (printed per job as time queued,
 start-up until its first step began, and training to the end); makespan from the first
-submission to the last end. Both runs use one local Ray instance, one after the other.
+submission to the last end. Both runs use one local Ray instance, one after the other,
+after one short unmeasured job (:func:`warm_up`).
 Last line: ``RESULT avg_jct_ratio=<b/a> makespan_ratio=<b/a>``.
 """
 
@@ -26,11 +27,12 @@ from unipar.models.mlp import MLP, MLPConfig
 from unipar.ray_session import start_ray
 from unipar.runtime.metrics import read_metrics
 from unipar.service import client
+from unipar.service.state import JobState
 from unipar.testing import RandomRegression, mse_loss
 
 # (name, requested workers, steps, arrival second). Each job trains at its requested size
 # at least as long as its start-up takes (two fresh Ray processes importing torch, 5-7 s
-# here): with half these lengths the shortest jobs trained 4-6 s after a 5-8 s start-up,
+# here): with half these lengths the shortest jobs trained 4-7 s after a 5-8 s start-up,
 # and the comparison was mostly one of process start-ups, which both policies pay alike.
 JOBS = (("long-4", 4, 800, 0.0), ("short-1", 1, 120, 4.0), ("mid-2", 2, 300, 8.0),
         ("short-2", 2, 120, 12.0))
@@ -57,13 +59,15 @@ def warm_up(state: Path, delay: float) -> None:
     """One short 4-worker job through a scheduler before either measured run.
 
     The first job of a fresh Ray instance pays its cold start (Ray's first worker
-    processes, files read into the page cache): 5-11 s here against 5-6 s later. Without
+    processes, files read into the page cache): 5-11 s here against 5-7 s later. Without
     this the policy measured first would carry it alone.
     """
     client.up(state_dir=state, policy="fifo", interval_s=1.0)
-    client.submit(make_job("warm-up", 5, delay), workers=(4, 4),
-                  checkpoint_every=100_000).wait(timeout_s=600)
+    row = client.submit(make_job("warm-up", 5, delay), workers=(4, 4),
+                        checkpoint_every=100_000).wait(timeout_s=600)
     client.down()
+    if row.state is not JobState.DONE:
+        raise SystemExit(f"the warm-up job ended {row.state.value}: {row.error}")
 
 
 def run(policy: str, fixed: bool, state: Path, delay: float, scale: float) -> tuple[float, float]:

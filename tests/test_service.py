@@ -294,28 +294,30 @@ def test_worker_sizes_and_deadlines():
         client.check_workers((4, 2))
 
 
-def _step(step: int, seconds: float, batch: int | None = None, progress: float = 0.0):  # type: ignore[no-untyped-def]
+def _step(step: int, seconds: float, batch: int | None = None, progress: float = 0.0,
+          efficiency: float = 1.0):  # type: ignore[no-untyped-def]
     from unipar.adapt.state import AdaptStats
     from unipar.runtime.metrics import StepMetrics
 
-    adapt = None if batch is None else AdaptStats(batch, 20.0, 0.5, 0.0, 0.7, progress)
+    adapt = None if batch is None else AdaptStats(batch, 20.0, efficiency, 0.0, 0.7, progress)
     return StepMetrics(step, 1.0, 1e-3, batch or 32, 0, seconds, 0.0, 0, 100.0 + step,
                        adapt=adapt)
 
 
 def test_an_adaptive_job_reports_progress_in_steps_of_its_initial_batch():
-    """An adaptive job (M0 32) at batch 8 makes half a step of M0's progress per step: the
-    runner reports its progress, not its steps, and seconds per step of progress, so its
-    place in the table and its time left are those of its own end (progress = steps)."""
+    """An adaptive job (M0 32) at batch 8 with efficiency 2 makes half a step of M0's
+    progress per step (r = S·E): the runner reports its progress, not its steps, and
+    seconds per step of progress, so its place in the table and its time left are those of
+    its own end (progress = steps)."""
     from unipar.service.decide import remaining_s
     from unipar.service.ledger import WARMUP_STEPS, RunnerStatus, StepLedger
 
     adaptive = StepLedger(RunnerStatus(), batch=32)
-    for i in range(11):  # a step reports the progress before it
-        adaptive.step(_step(i, 0.05, batch=8, progress=0.5 * i), size=2)
+    for i in range(10):  # a step's stats hold the progress before it
+        adaptive.step(_step(i, 0.05, batch=8, progress=0.5 * i, efficiency=2.0), size=2)
     status = adaptive.status
     assert status.step == 5 and status.batch == 8
-    timed = 10 - WARMUP_STEPS  # the 11th step's share is counted at the 12th
+    timed = 10 - WARMUP_STEPS
     assert status.step_times == {2: pytest.approx((0.5 * timed, 0.05 * timed))}
     assert status.steps_per_s == pytest.approx(10.0)
     row = _row(1, JobState.RUNNING, batch=32, steps=100, step=status.step, target=2,
@@ -330,22 +332,25 @@ def test_an_adaptive_job_reports_progress_in_steps_of_its_initial_batch():
         fixed.step(_step(i, 0.05), size=2)
     assert fixed.status.step == 10 and fixed.status.batch == 32
     assert fixed.status.step_times == {2: pytest.approx((timed, 0.05 * timed))}
-    adaptive.step(_step(11, 0.05, batch=8, progress=0.5), size=2)  # rolled back: no share
-    assert adaptive.status.step == 0 and status.step_times[2][0] == pytest.approx(0.5 * timed)
 
 
 def test_a_store_written_by_an_older_unipar_gains_the_new_columns(tmp_path):
     import sqlite3
 
+    from unipar.service.state import _COLUMNS
+
     store = Store(tmp_path / "s.sqlite")
     job_id = store.add(_row(0, JobState.QUEUED), b"job")
     store.close()
-    db = sqlite3.connect(str(tmp_path / "s.sqlite"))
-    db.execute("ALTER TABLE jobs DROP COLUMN running_batch")  # as an older unipar wrote it
-    db.commit()
+    old = [c for c in _COLUMNS if c not in ("running_batch", "error", "steps_per_s")]
+    db = sqlite3.connect(str(tmp_path / "s.sqlite"))  # the table as an older unipar made it
+    db.executescript(f"CREATE TABLE old AS SELECT {', '.join(old)}, job FROM jobs; "
+                     "DROP TABLE jobs; ALTER TABLE old RENAME TO jobs;")
     db.close()
     row = Store(tmp_path / "s.sqlite").row(job_id)
-    assert row is not None and row.running_batch == 0 and row.batch == 8
+    assert row is not None and row.batch == 8
+    assert (row.running_batch, row.error, row.steps_per_s) == (0, "", 0.0)
+    assert isinstance(row.steps_per_s, float)
 
 
 def test_store_keeps_jobs_and_history(tmp_path):

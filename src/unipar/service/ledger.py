@@ -1,12 +1,12 @@
 """What a job's runner counts of its steps for the scheduler (pure, no Ray).
 
 Progress is counted in steps of the job's global batch M0, as the job's own end is: one per
-step for a fixed batch, the scale-invariant progress for an adaptive batch (Pollux §3.1:
-a step of batch M counts its gain over a step of M0, AdaScale's r = S·E). The seconds per
-step reported at each worker count are therefore seconds per step of M0's progress: for an
-adaptive job, whose runtime picks its batch at each size, the inverse of its measured
-goodput (throughput × statistical efficiency, Pollux eq. 1), and for a fixed batch the
-plain step time.
+step for a fixed batch, the scale-invariant progress for an adaptive batch (Pollux §3.1: a
+step of batch M counts its gain over a step of M0, AdaScale's r = S·E with S = M/M0). The
+seconds per step reported at each worker count are therefore seconds per step of M0's
+progress: for an adaptive job, whose runtime picks its batch at each size, the inverse of
+its measured goodput (throughput × statistical efficiency, Pollux eq. 1), and for a fixed
+batch the plain step time.
 """
 
 from __future__ import annotations
@@ -49,15 +49,12 @@ class StepLedger:
 
     status: RunnerStatus
     batch: int
-    progress: float = 0.0  # steps of M0 done before the last adaptive step
-    last: tuple[int, float, bool] | None = None  # its size, seconds and whether it is timed
     since_formed: int = 0  # steps since the gang last (re)formed
     last_step_at: float | None = None  # unix time the last step finished
     paused_since: float | None = None  # ... the last step before a resize
 
     def step(self, metrics: Any, size: int) -> None:
-        """One ``StepMetrics`` on ``size`` workers. An adaptive step reports the progress
-        before it (its gain is known once it ran), so its share is counted at the next."""
+        """One ``StepMetrics`` on ``size`` workers."""
         s = self.status
         if size != s.workers:
             self.since_formed = 0
@@ -67,18 +64,14 @@ class StepLedger:
             self.paused_since = None
         self.last_step_at = metrics.finished_at
         self.since_formed += 1
-        timed = self.since_formed > WARMUP_STEPS
         s.workers = size
         adapt = metrics.adapt
         if adapt is None:
-            s.step, s.batch = metrics.step + 1, self.batch
-            self._count(size, 1.0, metrics.step_time_s, timed)
-            return
-        if self.last is not None and adapt.progress >= self.progress:  # not rolled back
-            ran_on, seconds, was_timed = self.last
-            self._count(ran_on, adapt.progress - self.progress, seconds, was_timed)
-        self.progress, self.last = adapt.progress, (size, metrics.step_time_s, timed)
-        s.step, s.batch = int(adapt.progress), adapt.global_batch
+            units, s.step, s.batch = 1.0, metrics.step + 1, self.batch
+        else:  # its stats hold the progress before it and its efficiency E = r/S
+            units = adapt.efficiency * adapt.global_batch / self.batch
+            s.step, s.batch = int(adapt.progress + units), adapt.global_batch
+        self._count(size, units, metrics.step_time_s, self.since_formed > WARMUP_STEPS)
 
     def _count(self, size: int, units: float, seconds: float, timed: bool) -> None:
         """``units`` steps of M0's progress made in ``seconds`` on ``size`` workers."""

@@ -103,7 +103,9 @@ class JobRunner:
             self._ledger.step(metrics, size)
             done = self.status_.step
         if metrics.step % max(1, self.job.steps // 10) == 0:
-            self._log(f"step {done}/{self.job.steps} loss {metrics.loss:.4f} on {size} workers")
+            at = (f"step {metrics.step + 1} ({done}/{self.job.steps} steps of M0)"
+                  if self.job.adaptive else f"step {done}/{self.job.steps}")
+            self._log(f"{at} loss {metrics.loss:.4f} on {size} workers")
 
     def _on_resize(self, event: Any) -> None:
         with self._lock:

@@ -119,15 +119,17 @@ class Store:
         self._add_missing_columns()
 
     def _add_missing_columns(self) -> None:
-        """Columns a store written by an older unipar lacks are added (their defaults)."""
+        """Columns a store written by an older unipar lacks are added, holding the field's
+        default (a field without one cannot be missing: it was in the first schema)."""
         have = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)").fetchall()}
-        defaults = {f.name: None if f.default is MISSING else f.default for f in fields(JobRow)}
-        for column in _COLUMNS:
-            if column not in have:
-                value = _encode(column, defaults[column])
-                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} DEFAULT {value!r}"
-                                 if value is not None else
-                                 f"ALTER TABLE jobs ADD COLUMN {column}")
+        for f in fields(JobRow):
+            if f.name in have:
+                continue
+            if f.default is MISSING:
+                raise RuntimeError(f"the job store {self.path} lacks the column {f.name!r}, "
+                                   "which has no default; it was not written by unipar")
+            self._db.execute(f"ALTER TABLE jobs ADD COLUMN {f.name}")
+            self._db.execute(f"UPDATE jobs SET {f.name} = ?", (_encode(f.name, f.default),))
 
     def token(self) -> str:
         """A random name for this store, made once: runner actors are named with it."""
