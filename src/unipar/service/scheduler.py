@@ -253,7 +253,9 @@ class Scheduler:
     def _start(self, row: JobRow, count: int) -> None:
         from unipar.service.runner import JobRunner
 
-        sizes = [s for s in row.sizes if s <= max(count, cluster_slots())]
+        # the job's whole range, not what the cluster holds now: nodes the autoscaler adds
+        # later are grown into (the size target bounds the gang meanwhile)
+        sizes = row.sizes
         log = self._log_path(row.id)
         log.parent.mkdir(parents=True, exist_ok=True)
         job, options = _load(self.store.job(row.id))
