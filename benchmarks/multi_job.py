@@ -28,7 +28,7 @@ from unipar.ray_session import start_ray
 from unipar.runtime.metrics import read_metrics
 from unipar.service import client
 from unipar.service.state import JobState
-from unipar.testing import RandomRegression, mse_loss
+from unipar.testing import SlowRegression, mse_loss
 
 # (name, requested workers, steps, arrival second). Each job trains at its requested size
 # at least as long as its start-up takes (two fresh Ray processes importing torch, 5-7 s
@@ -38,20 +38,10 @@ JOBS = (("long-4", 4, 800, 0.0), ("short-1", 1, 120, 4.0), ("mid-2", 2, 300, 8.0
         ("short-2", 2, 120, 12.0))
 
 
-class SlowRegression(RandomRegression):
-    def __init__(self, size: int, delay: float) -> None:
-        super().__init__(size, 16, 4)
-        self.delay = delay
-
-    def __getitem__(self, index: int):  # type: ignore[no-untyped-def]
-        time.sleep(self.delay)
-        return super().__getitem__(index)
-
-
 def make_job(name: str, steps: int, delay: float) -> Job:
     config = MLPConfig(in_features=16, hidden=32, layers=2, out_features=4, expansion=4)
     return Job(name=name, model=functools.partial(MLP, config),
-               dataset=functools.partial(SlowRegression, 512, delay), global_batch_size=8,
+               dataset=functools.partial(SlowRegression, 512, 16, 4, delay), global_batch_size=8,
                steps=steps, optimizer=OptimizerSpec(lr=1e-2), loss=mse_loss)
 
 

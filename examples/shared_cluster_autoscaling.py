@@ -29,7 +29,7 @@ from unipar.job import Job, OptimizerSpec
 from unipar.models.mlp import MLP, MLPConfig
 from unipar.service import client
 from unipar.service.state import JobState
-from unipar.testing import RandomRegression, mse_loss
+from unipar.testing import SlowRegression, mse_loss
 
 HEAD_CPUS, NODE_CPUS = 2, 2
 
@@ -60,22 +60,10 @@ class LocalAutoscalingCluster(AutoscalingCluster):
         return {**config, **config_kwargs}
 
 
-class SlowRegression(RandomRegression):
-    """Each sample costs ``delay`` seconds to load, so the job runs faster on more workers."""
-
-    def __init__(self, size: int, delay: float) -> None:
-        super().__init__(size, 16, 4)
-        self.delay = delay
-
-    def __getitem__(self, index: int):  # type: ignore[no-untyped-def]
-        time.sleep(self.delay)
-        return super().__getitem__(index)
-
-
 def job() -> Job:
     config = MLPConfig(in_features=16, hidden=32, layers=2, out_features=4, expansion=4)
     return Job(name="grows-onto-a-new-node", model=functools.partial(MLP, config),
-               dataset=functools.partial(SlowRegression, 512, 0.01), global_batch_size=8,
+               dataset=functools.partial(SlowRegression, 512, 16, 4, 0.01), global_batch_size=8,
                steps=600, optimizer=OptimizerSpec(lr=1e-2), loss=mse_loss)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 
 import torch
 from torch import nn
@@ -74,6 +75,20 @@ class RandomRegression(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.inputs[index], self.targets[index]
+
+
+class SlowRegression(RandomRegression):
+    """:class:`RandomRegression` whose every sample takes ``delay`` seconds to load (a stand-in
+    for real data loading), so a data-parallel job runs faster on more workers."""
+
+    def __init__(self, size: int, in_features: int, out_features: int, delay: float,
+                 seed: int = 1234) -> None:
+        super().__init__(size, in_features, out_features, seed=seed)
+        self.delay = delay
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(self.delay)
+        return super().__getitem__(index)
 
 
 def mse_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
