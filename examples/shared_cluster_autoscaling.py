@@ -93,6 +93,8 @@ def main() -> None:
                       f"{row.step}/{row.steps}", flush=True)
                 if row.state.ended:
                     break
+                if time.time() - began > 300:
+                    raise SystemExit("the job has not ended in 300 s; `unipar logs` shows why")
                 time.sleep(2.0)
             row = handle.wait(timeout_s=60)
             log = client.logs(row.id)
