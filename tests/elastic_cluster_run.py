@@ -18,15 +18,9 @@ from unipar import Callback, fit
 from unipar.job import Job, OptimizerSpec
 from unipar.models.mlp import MLP, MLPConfig
 from unipar.runtime.metrics import read_events
-from unipar.testing import RandomRegression, mse_loss
+from unipar.testing import SlowRegression, mse_loss
 
 STEPS = 400
-
-
-class SlowRegression(RandomRegression):
-    def __getitem__(self, index: int):  # type: ignore[no-untyped-def]
-        time.sleep(0.01)
-        return super().__getitem__(index)
 
 
 def _job() -> Job:
@@ -34,7 +28,7 @@ def _job() -> Job:
     return Job(
         name="elastic-cluster",
         model=functools.partial(MLP, config),
-        dataset=functools.partial(SlowRegression, 4096, 16, 4),
+        dataset=functools.partial(SlowRegression, 4096, 16, 4, 0.01),
         global_batch_size=12,
         steps=STEPS,
         optimizer=OptimizerSpec(lr=1e-2),

@@ -30,7 +30,7 @@ from unipar.plan import Plan
 from unipar.plan.representation import Mesh
 from unipar.runtime.checkpoint import list_checkpoints
 from unipar.runtime.metrics import read_events
-from unipar.testing import RandomRegression, mse_loss
+from unipar.testing import SlowRegression, mse_loss
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -38,13 +38,7 @@ STEPS = 250
 BATCH = 8
 
 
-class SlowRegression(RandomRegression):
-    """Each sample takes a few milliseconds, so a step lasts long enough for a worker to
-    start while the gang trains."""
-
-    def __getitem__(self, index: int):  # type: ignore[no-untyped-def]
-        time.sleep(0.006)
-        return super().__getitem__(index)
+SAMPLE_DELAY_S = 0.006  # each sample's load: a step lasts long enough for a worker to start
 
 
 def slow_mlp_job(steps: int = STEPS) -> Job:
@@ -52,7 +46,7 @@ def slow_mlp_job(steps: int = STEPS) -> Job:
     return Job(
         name="elastic-mlp",
         model=functools.partial(MLP, config),
-        dataset=functools.partial(SlowRegression, 512, 16, 4),
+        dataset=functools.partial(SlowRegression, 512, 16, 4, SAMPLE_DELAY_S),
         global_batch_size=BATCH,
         steps=steps,
         optimizer=OptimizerSpec(lr=1e-2),
@@ -226,7 +220,7 @@ class SlowToBuildOnRank1(SlowRegression):
     ``pid_file`` first: a window in which the gang is still forming."""
 
     def __init__(self, pid_file: str) -> None:
-        super().__init__(512, 16, 4)
+        super().__init__(512, 16, 4, SAMPLE_DELAY_S)
         import torch.distributed as dist
 
         if dist.is_initialized() and dist.get_world_size() == 2 and dist.get_rank() == 1:

@@ -38,22 +38,9 @@ from unipar.service.decide import (
     worker_sizes,
 )
 from unipar.service.state import JobRow, JobState, Store
-from unipar.testing import RandomRegression, mse_loss
+from unipar.testing import SlowRegression, mse_loss
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-class SlowRegression(RandomRegression):
-    """Each sample takes ``delay`` seconds, so a job runs long enough to be resized."""
-
-    def __init__(self, size: int, delay: float, seed: int) -> None:
-        super().__init__(size, 16, 4, seed=seed)
-        self.delay = delay
-
-    def __getitem__(self, index: int):  # type: ignore[no-untyped-def]
-        if self.delay:
-            time.sleep(self.delay)
-        return super().__getitem__(index)
 
 
 def mlp_job(name: str, steps: int, seed: int, delay: float = 0.005) -> Job:
@@ -61,7 +48,7 @@ def mlp_job(name: str, steps: int, seed: int, delay: float = 0.005) -> Job:
     return Job(
         name=name,
         model=functools.partial(MLP, config),
-        dataset=functools.partial(SlowRegression, 512, delay, seed),
+        dataset=functools.partial(SlowRegression, 512, 16, 4, delay, seed),
         global_batch_size=8,
         steps=steps,
         optimizer=OptimizerSpec(lr=1e-2),

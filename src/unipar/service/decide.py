@@ -177,8 +177,10 @@ def srpt_order(rows: Sequence[JobRow]) -> list[JobRow]:
     has just started) is ranked by its steps left at the median step time the others
     reported at its size (a prior until it is measured; ``inf`` without one), not last
     behind every job measured."""
+    measured = [_measured(r) for r in rows]
+
     def prior(size: int) -> float | None:
-        seen = [m[size] for m in map(_measured, rows) if size in m]
+        seen = [m[size] for m in measured if size in m]
         return float(np.median(seen)) if seen else None
 
     def left(row: JobRow) -> float:

@@ -11,6 +11,7 @@ batch the plain step time.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +38,7 @@ class RunnerStatus:
     pause_s: list[float] = field(default_factory=list)
 
     def copy(self) -> RunnerStatus:
-        return RunnerStatus(self.state, self.step, self.workers, dict(self.step_times),
-                            self.steps_per_s, self.batch, list(self.resizes), self.error,
-                            self.summary, list(self.grow_latency_s), list(self.pause_s))
+        return copy.deepcopy(self)
 
 
 @dataclass
@@ -74,15 +73,15 @@ class StepLedger:
         self._count(size, units, metrics.step_time_s, self.since_formed > WARMUP_STEPS)
 
     def _count(self, size: int, units: float, seconds: float, timed: bool) -> None:
-        """``units`` steps of M0's progress made in ``seconds`` on ``size`` workers."""
+        """``units`` steps of M0's progress made in ``seconds`` on ``size`` workers (the
+        present size: its speed is the status's)."""
         if not timed or units <= 0:
             return
         s = self.status
         n, sec = s.step_times.get(size, (0.0, 0.0))
         n, sec = n + units, sec + seconds
         s.step_times[size] = (n, sec)
-        if size == s.workers:
-            s.steps_per_s = n / max(sec, 1e-9)
+        s.steps_per_s = n / max(sec, 1e-9)
 
     def resized(self) -> None:
         """The gang re-forms: the next steps warm up, the pause is timed from the last."""

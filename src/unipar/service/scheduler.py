@@ -253,9 +253,6 @@ class Scheduler:
     def _start(self, row: JobRow, count: int) -> None:
         from unipar.service.runner import JobRunner
 
-        # the job's whole range, not what the cluster holds now: nodes the autoscaler adds
-        # later are grown into (the size target bounds the gang meanwhile)
-        sizes = row.sizes
         log = self._log_path(row.id)
         log.parent.mkdir(parents=True, exist_ok=True)
         job, options = _load(self.store.job(row.id))
@@ -265,7 +262,9 @@ class Scheduler:
                 .options(name=row.runner, namespace=NAMESPACE, lifetime="detached",
                          num_cpus=0, max_concurrency=4, scheduling_strategy=here())
                 .remote(row.id, job, options, row.run_dir, str(log), count, time.time(),
-                        (sizes[0], sizes[-1]))
+                        # the job's whole range, not what the cluster holds now: nodes
+                        # the autoscaler adds later are grown into (the target bounds it)
+                        (row.sizes[0], row.sizes[-1]))
             )
         except ActorAlreadyExistsError:  # made by a scheduler that died before recording it
             runner = ray.get_actor(row.runner, namespace=NAMESPACE)
