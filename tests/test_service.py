@@ -267,6 +267,26 @@ def test_a_start_adopts_a_runner_left_unrecorded_and_a_failed_start_fails_one_jo
             ray.kill(left, no_restart=True)
 
 
+def test_a_job_starts_with_its_whole_range_beyond_the_cluster(ray_cluster, tmp_path):
+    """A job of 1:8 workers on a 4-CPU cluster: its runner runs ``fit`` over the whole range
+    (the size target bounds it), so nodes an autoscaler adds later are grown into. Before,
+    the range was cut to what the cluster held at the start, and the job never grew."""
+    from unipar.service.scheduler import Scheduler
+
+    scheduler = Scheduler(str(tmp_path), "unipar", 600.0)
+    try:
+        job = mlp_job("wide", 40, seed=0)
+        blob = ray.cloudpickle.dumps((ray.cloudpickle.dumps(job), {}))
+        job_id = scheduler.submit(_row(0, JobState.QUEUED, least=1, most=8, sizes=(1, 2, 4, 8)),
+                                  blob)
+        log = scheduler._log_path(job_id)
+        _wait(lambda: log.exists() and "workers, global batch" in log.read_text(), timeout_s=60)
+        assert "on 1..8 workers" in log.read_text()
+        assert 0 < scheduler.store.row(job_id).target <= 4
+    finally:
+        scheduler.shutdown()
+
+
 def test_worker_sizes_and_deadlines():
     assert worker_sizes(1, 8, 12) == (1, 2, 3, 4, 6)
     with pytest.raises(ConfigError, match="divides the global batch 7"):
