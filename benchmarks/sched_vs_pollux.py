@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from unipar.goodput.throughput import Observation, fit
 from unipar.sched.autoscale import ScaleConfig, ScaleRule
 from unipar.sched.bound import CostFloor
 from unipar.sched.cluster import Cluster
@@ -26,7 +27,6 @@ from unipar.sched.fleet import AutoscaleFleet, FixedFleet, make_fleet
 from unipar.sched.policies import PolicyName, make_policy
 from unipar.sched.policy import JobView, RoundState
 from unipar.sched.simulator import simulate
-from unipar.sched.throughput import Observation, fit
 from unipar.sched.traces import default_reference_dir, load_applications
 from unipar.sched.workload import read_workload
 

@@ -14,7 +14,7 @@ from unipar.adapt.lr import efficiency, lr_factor, progress_step
 from unipar.adapt.noise import NoiseEstimate, NoiseSample, unbiased
 from unipar.adapt.norms import check_mean_loss, squared_norm
 from unipar.errors import ConfigError
-from unipar.sched.throughput import Observation, ThroughputModel
+from unipar.goodput.throughput import Observation, ThroughputModel
 
 
 def _sample(rng, sqr_true, var_true, dim, micro, count):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from unipar.errors import ConfigError
+from unipar.goodput.throughput import ThroughputModel
 from unipar.sched.autoscale import ScaleConfig, ScaleRule, desired_nodes
 from unipar.sched.bound import CostFloor
 from unipar.sched.cluster import Cluster
@@ -15,7 +16,6 @@ from unipar.sched.fleet import AutoscaleFleet
 from unipar.sched.policies import PolicyName, make_policy
 from unipar.sched.policy import Allocation, JobView
 from unipar.sched.simulator import simulate
-from unipar.sched.throughput import ThroughputModel
 from unipar.sched.traces import load_applications
 from unipar.sched.workload import read_workload
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from unipar.sched.goodput import JobArrays, goodput_table, split_batch
+from unipar.goodput.table import JobArrays, goodput_table, split_batch
+from unipar.goodput.throughput import Observation, ThroughputModel, fit
 from unipar.sched.placement import place
 from unipar.sched.policies.greedy import greedy
-from unipar.sched.throughput import Observation, ThroughputModel, fit
 from unipar.sched.traces import default_reference_dir, load_applications
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "pollux"

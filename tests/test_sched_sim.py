@@ -10,9 +10,9 @@ import pytest
 
 from unipar.cli import main
 from unipar.errors import ConfigError
+from unipar.goodput.table import split_batch
 from unipar.sched.cluster import Cluster
 from unipar.sched.fleet import AutoscaleFleet, make_fleet
-from unipar.sched.goodput import split_batch
 from unipar.sched.policies import PolicyName, make_policy
 from unipar.sched.simulator import SimConfig, simulate
 from unipar.sched.traces import load_applications

@@ -1,11 +1,11 @@
 """The batch and accumulation that maximise predicted goodput, from a job's own reports.
 
 Throughput model: Pollux's T_iter (Qiao et al. 2021, eqs. 8-10), fitted online from the
-step times the job sees (:func:`unipar.sched.throughput.fit`), chosen over the planner's
+step times the job sees (:func:`unipar.goodput.throughput.fit`), chosen over the planner's
 calibrated cost model because it is fitted to the very steps the job runs (overlap,
 input pipeline and all), and the cost model is already behind the plan the batch runs
 on. Goodput = throughput × statistical efficiency (Pollux eq. 2), searched by
-:func:`unipar.sched.goodput.goodput_table`, the same search the cluster scheduler uses.
+:func:`unipar.goodput.table.goodput_table`, the same search the cluster scheduler uses.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 
 from unipar.adapt.lr import efficiency, var_at_init
 from unipar.adapt.noise import NoiseEstimate
-from unipar.sched.goodput import JobArrays, goodput_table
-from unipar.sched.throughput import Observation, ThroughputModel, fit
+from unipar.goodput.table import JobArrays, goodput_table
+from unipar.goodput.throughput import Observation, ThroughputModel, fit
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 the scale-invariant progress that drives the schedule.
 
 - ADASCALE (Johnson et al. 2020, "AdaScale SGD", Alg. 1): lr × r, the gain
-  r = (var + sqr) / (var/S + sqr) (:func:`unipar.sched.goodput.gain`), for SGD.
+  r = (var + sqr) / (var/S + sqr) (:func:`unipar.goodput.table.gain`), for SGD.
 - SQRT: lr × √S, the square-root rule for Adam (Malladi et al. 2022, "On the SDEs and
   scaling rules for adaptive gradient algorithms").
 - POLLUX: lr × √r, AdaptDL's AdamScale (Qiao et al. 2021, Pollux's artifact).
@@ -20,7 +20,7 @@ import math
 
 from unipar.adapt.config import LRRule
 from unipar.errors import ConfigError
-from unipar.sched.goodput import gain
+from unipar.goodput.table import gain
 
 
 def default_rule(optimizer_kind) -> LRRule:

@@ -15,8 +15,8 @@ from unipar.adapt.chooser import BatchChoice, choose
 from unipar.adapt.config import AdaptiveBatch, LRRule
 from unipar.adapt.lr import efficiency, lr_factor, progress_step
 from unipar.adapt.noise import NoiseEstimate, NoiseSample
-from unipar.sched.goodput import split_batch
-from unipar.sched.throughput import Observation
+from unipar.goodput.table import split_batch
+from unipar.goodput.throughput import Observation
 
 GROWTH = 2  # the most a batch grows at one choice
 KEEP_OBSERVATIONS = 256  # the step times the throughput model is fitted on (the newest)
@@ -166,7 +166,7 @@ class AdaptState:
         """While the step times come from one micro-batch size, a shape ``GROWTH`` times
         bigger (``up``: the model's pick is not smaller) or smaller, within the bounds:
         one size cannot tell a step's fixed time from its time per sample, and the fit's
-        even split of the two (:func:`unipar.sched.throughput.fit`) would otherwise steer
+        even split of the two (:func:`unipar.goodput.throughput.fit`) would otherwise steer
         a model whose steps are mostly fixed cost (small models, many workers) by
         differences of a few samples, or never to a larger batch. None once two sizes
         are seen, or when no other micro-batch size is in bounds."""

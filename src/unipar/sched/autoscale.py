@@ -26,7 +26,8 @@ from enum import Enum
 import numpy as np
 
 from unipar.errors import ConfigError
-from unipar.sched.goodput import goodput_table, job_arrays
+from unipar.goodput.table import goodput_table
+from unipar.sched.arrays import job_arrays
 from unipar.sched.policies.greedy import greedy
 from unipar.sched.policy import JobView
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from unipar.goodput.throughput import ThroughputModel
 from unipar.sched.cluster import Cluster
-from unipar.sched.throughput import ThroughputModel
 
 
 @dataclass(frozen=True)

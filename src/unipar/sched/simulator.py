@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from unipar.errors import ConfigError
+from unipar.goodput.table import split_batch
+from unipar.goodput.throughput import Observation, ThroughputModel, fit
 from unipar.sched.cluster import Cluster
 from unipar.sched.fleet import FixedFleet, Fleet
-from unipar.sched.goodput import split_batch
 from unipar.sched.policy import Allocation, JobView, Policy, RoundState
 from unipar.sched.results import JobResult, SimResult
-from unipar.sched.throughput import Observation, ThroughputModel, fit
 from unipar.sched.traces import Application
 from unipar.sched.workload import JobSpec
 

@@ -3,7 +3,7 @@
 The policy is a :mod:`unipar.sched` policy, the same object ``unipar simulate`` drives.
 Workers stand for the policy's GPUs (one Ray worker of ``cpus_per_worker`` CPUs each) on
 one node of ``slots`` workers: Ray places the workers. Each job's throughput model is
-fitted (:func:`unipar.sched.throughput.fit`, Pollux §3.2) on the mean seconds per step of
+fitted (:func:`unipar.goodput.throughput.fit`, Pollux §3.2) on the mean seconds per step of
 batch M0's progress it reported at each size (:mod:`unipar.service.ledger`). For an
 adaptive job, whose runtime picks its batch and learning rate at each size from its own
 gradient statistics, that is its measured goodput, statistical efficiency included; so the
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from unipar.errors import ConfigError
+from unipar.goodput.throughput import Observation, ThroughputModel, fit
 from unipar.sched.autoscale import useful_gpus
 from unipar.sched.cluster import Cluster
 from unipar.sched.policy import Allocation, JobView, Policy, RoundState
-from unipar.sched.throughput import Observation, ThroughputModel, fit
 from unipar.service.state import JobRow, JobState
 
 PRIORITY_S = 86_400.0  # a priority of N queues a job as if submitted N days earlier

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from unipar.sched.goodput import split_batch
+from unipar.goodput.table import split_batch
 from unipar.sched.placement import Nodes, place
 from unipar.sched.policy import Allocation, JobView, RoundState
 

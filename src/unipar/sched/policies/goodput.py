@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from unipar.sched.goodput import JobArrays, goodput_table, job_arrays
+from unipar.goodput.table import JobArrays, goodput_table
+from unipar.sched.arrays import job_arrays
 from unipar.sched.placement import Nodes, place
 from unipar.sched.policies.greedy import greedy
 from unipar.sched.policy import Allocation, JobView, Policy, RoundState

@@ -12,13 +12,11 @@ A fixed-batch job (``adaptive`` false) runs its requested batch, split as ``spli
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from unipar.sched.policy import JobView
-from unipar.sched.throughput import ThroughputModel, iter_time
+from unipar.goodput.throughput import iter_time
 
 LOCAL_GRID = 16  # per-GPU batch candidates per job (geometric)
 MAX_ACCUM = 6  # accumulation steps searched: s = 0 .. MAX_ACCUM-1
@@ -54,28 +52,6 @@ class GoodputTable:
     goodput: np.ndarray  # (J, K), 0 where no batch fits
     local_bsz: np.ndarray  # (J, K) int
     accum: np.ndarray  # (J, K) int
-
-
-_PRIOR = np.array([0.0, 1e-3, 0.0, 0.0, 0.0, 0.0, 1.0])  # before any report: speedups 1
-
-
-def job_arrays(jobs: Sequence[JobView], models: Sequence[ThroughputModel | None]) -> JobArrays:
-    """Arrays of what jobs reported; a job with no model yet runs its requested batch."""
-
-    def col(f, dtype=float):
-        return np.array([f(j) for j in jobs], dtype=dtype)
-
-    return JobArrays(
-        params=np.array([m.as_array() if m else _PRIOR for m in models]),
-        grad_sqr=col(lambda j: j.grad_sqr),
-        grad_var=col(lambda j: j.grad_var),
-        init_batch=col(lambda j: j.init_batch),
-        max_batch=col(lambda j: j.max_batch),
-        min_local=col(lambda j: j.min_local),
-        max_local=col(lambda j: j.max_local),
-        fixed_batch=col(lambda j: j.requested_batch),
-        adaptive=np.array([m is not None for m in models], dtype=bool),
-    )
 
 
 def gain(batch, init_batch, sqr, var):
