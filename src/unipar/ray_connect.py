@@ -5,13 +5,24 @@ client prints warnings. Before it, three probes, each with its own short deadlin
 a TCP connection to the head's GCS port; the HTTP/2 handshake every gRPC server
 answers (so another service on that port is told apart); then the cluster's Ray and
 Python versions, read from its GCS, against this process's.
+
+Ray 2.60's ``ray start --head`` turns token authentication on wherever a token exists
+(``~/.ray/auth_token``, which any local ``ray.init()`` writes), but a driver that joins by
+an explicit address sends no token unless ``RAY_AUTH_MODE=token`` is set in its process
+(Ray's own ``address="auto"`` sets it). So, as ``address="auto"`` does, where the mode
+is not set and Ray's loader has a token (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or
+``~/.ray/auth_token``), unipar turns token mode on for its own process and the processes
+it starts (a cluster without authentication ignores the token); a cluster that still
+refuses gets an error naming the file and variables to set.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 from unipar.errors import ResourceError
@@ -65,20 +76,100 @@ def probe_head(address: str) -> None:
 
 def cluster_versions(address: str) -> dict[str, Any] | None:
     """The ``ray_version`` and ``python_version`` the cluster at ``address`` runs (its
-    GCS's cluster metadata), or ``None`` where it does not say."""
-    os.environ.setdefault("RAY_py_gcs_connect_timeout_s", str(GCS_TIMEOUT_S))
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # no C++ retry warnings
+    GCS's cluster metadata), or ``None`` where it does not say. A cluster that asks for
+    a token gets the one Ray's loader holds (see the module's docstring)."""
+    from ray.exceptions import AuthenticationError
+
+    _switch_to_token_auth()
+    try:
+        with _environment(RAY_py_gcs_connect_timeout_s=str(GCS_TIMEOUT_S)):
+            return _read_cluster_metadata(address)
+    except AuthenticationError:
+        sent = os.environ.get(AUTH_MODE_VARIABLE, "").lower() == "token"
+        raise ResourceError(_token_advice(address, sent=sent)) from None
+
+
+@contextlib.contextmanager
+def _environment(**variables: str) -> Iterator[None]:
+    """``variables`` set in this process's environment (where not set already) for the
+    duration, so that ``ray.init`` later runs with the user's own."""
+    added = [name for name in variables if name not in os.environ]
+    os.environ.update({name: variables[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+def _read_cluster_metadata(address: str) -> dict[str, Any] | None:
     from ray._common.usage.usage_lib import get_cluster_metadata
     from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError
 
     try:
         return get_cluster_metadata(GcsClient(address=address.removeprefix("ray://")))
+    except AuthenticationError:
+        raise
     except Exception as error:
         raise ResourceError(
             f"the Ray cluster at {address} did not answer within {GCS_TIMEOUT_S} s "
             f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
             "check that its head is up (`ray status` there)"
         ) from None
+
+
+AUTH_MODE_VARIABLE = "RAY_AUTH_MODE"  # Ray's switch: "token" sends the token
+TOKEN_FILE = "~/.ray/auth_token"  # where `ray start` and `ray get-auth-token` keep it
+
+
+def _switch_to_token_auth() -> bool:
+    """Token mode for this process and its children, where the mode is not set and Ray's
+    loader holds a token (what ``ray.init(address="auto")`` does); whether it was switched
+    on.
+    An explicit ``RAY_AUTH_MODE`` is the user's word and is left as it is."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    if os.environ.get(AUTH_MODE_VARIABLE) is not None:
+        return False
+    if not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        return False
+    os.environ[AUTH_MODE_VARIABLE] = "token"
+    Config.initialize("")  # Ray reads the mode from its config, refreshed from the env
+    return True
+
+
+def _token_advice(address: str, *, sent: bool) -> str:
+    """What to set when the cluster at ``address`` refused this process."""
+    copy = (
+        f"copy the head's {TOKEN_FILE} (`ray get-auth-token` on the head prints it) to "
+        f"{TOKEN_FILE} here, or set RAY_AUTH_TOKEN to it, or RAY_AUTH_TOKEN_PATH to a file "
+        "holding it"
+    )
+    mode = os.environ.get(AUTH_MODE_VARIABLE)
+    if not sent and mode is not None and mode.lower() != "token":
+        return (
+            f"the Ray cluster at {address} requires token authentication, but "
+            f"{AUTH_MODE_VARIABLE}={mode} is set here; unset it (or set it to token), and "
+            f"{copy} if this machine has no token"
+        )
+    if not sent:
+        return (
+            f"the Ray cluster at {address} requires token authentication, but this machine "
+            f"has no token (no {TOKEN_FILE}, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH); {copy}"
+        )
+    return (
+        f"the Ray cluster at {address} refused this machine's token (from "
+        f"{_token_source()}): it is not that cluster's; {copy}"
+    )
+
+
+def _token_source() -> str:
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    if path := os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return f"RAY_AUTH_TOKEN_PATH={path}"
+    return TOKEN_FILE
 
 
 def check_versions(address: str, cluster: dict[str, Any] | None) -> None:
