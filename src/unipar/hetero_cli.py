@@ -18,7 +18,7 @@ def is_hetero_cluster(text: str) -> bool:
     return bool(_MIXED.match(text)) or text.endswith((".yaml", ".yml"))
 
 
-def run_hetero_plan(args: argparse.Namespace) -> int:
+def run_hetero_plan(args: argparse.Namespace, *, seq_len: int) -> int:
     from unipar.cluster.hetero import hetero_cluster_from_yaml, parse_hetero_cluster
     from unipar.plan.hetero import plan_hetero, transformer_layers
 
@@ -32,7 +32,7 @@ def run_hetero_plan(args: argparse.Namespace) -> int:
     else:
         cluster = parse_hetero_cluster(args.cluster)
     layers = transformer_layers(
-        hidden=args.hidden, layers=args.layers, seq_len=args.seq, vocab=args.vocab
+        hidden=args.hidden, layers=args.layers, seq_len=seq_len, vocab=args.vocab
     )
     plan = plan_hetero(layers, cluster, args.global_batch)
     if args.json:

@@ -63,6 +63,7 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
         from unipar.models.hf_config import hf_spec
 
         return hf_spec(args.model.removeprefix("hf:"), seq_len=args.seq)
+    seq = DEFAULT_SEQ if args.seq is None else args.seq
     if args.model not in _MODELS:
         raise ConfigError(
             f"the model must be one of {list(_MODELS)} or hf:PATH/config.json, but got "
@@ -71,7 +72,7 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
     if args.model == "gpt":
         return GPTConfig(
             vocab_size=args.vocab,
-            seq_len=args.seq,
+            seq_len=seq,
             hidden=args.hidden,
             layers=args.layers,
             heads=args.heads,
@@ -81,7 +82,7 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
     if args.model == "llama":
         return LlamaConfig(
             vocab_size=args.vocab,
-            seq_len=args.seq,
+            seq_len=seq,
             hidden=args.hidden,
             layers=args.layers,
             heads=args.heads,
@@ -100,8 +101,9 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
     ).spec()
 
 
-_SIZES = ("hidden", "layers", "heads", "vocab", "seq", "in_features", "out_features")
-_OPTIONAL_SIZES = ("kv_heads", "ffn_hidden", "gpus_per_node")
+DEFAULT_SEQ = 2048  # tokens per sample of the built-in models; an HF config: its positions
+_SIZES = ("hidden", "layers", "heads", "vocab", "in_features", "out_features")
+_OPTIONAL_SIZES = ("seq", "kv_heads", "ffn_hidden", "gpus_per_node")
 
 
 def check_plan_args(args: argparse.Namespace) -> None:
@@ -121,8 +123,9 @@ def run_plan(args: argparse.Namespace) -> int:
     from unipar.hetero_cli import is_hetero_cluster, run_hetero_plan
 
     if is_hetero_cluster(args.cluster):
-        return run_hetero_plan(args)
+        return run_hetero_plan(args, seq_len=DEFAULT_SEQ if args.seq is None else args.seq)
     from unipar.cluster import cluster_preset
+    from unipar.models.hf_config import hf_seq_reason
     from unipar.plan.report import plan
 
     # The model and the pinned choices are checked before a CPU cluster is calibrated.
@@ -149,6 +152,9 @@ def run_plan(args: argparse.Namespace) -> int:
             result["versus"] = versus
         print(json.dumps(result, indent=1))
     else:
+        if args.seq is None:  # an HF config's own length
+            print(f"sequence length {spec.seq_len}: {hf_seq_reason(spec.seq_len)} (--seq sets "
+                  "another)")
         print(report.explain() + (f"\n\n{versus}" if versus else ""))
     if args.plot:
         pictures = report.plot(args.plot)
@@ -173,7 +179,13 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--kv-heads", type=int, default=None, help="llama: grouped KV heads")
     parser.add_argument("--ffn-hidden", type=int, default=None, help="llama: SwiGLU width")
     parser.add_argument("--vocab", type=int, default=51200)
-    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument(
+        "--seq",
+        type=int,
+        default=None,
+        help=f"tokens per sample (default: {DEFAULT_SEQ}; an HF config: its positions, at most "
+        "8192)",
+    )
     parser.add_argument("--dropout", type=float, default=0.1, help="gpt: as in Megatron-LM")
     parser.add_argument("--untied-embeddings", action="store_true", help="gpt")
     parser.add_argument("--in-features", type=int, default=32, help="mlp; ctr: id fields")

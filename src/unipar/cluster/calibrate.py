@@ -179,12 +179,21 @@ def write_cache(path: Path, about: dict[str, object], device: DeviceSpec, link: 
         path.write_text(json.dumps(record, indent=1))
 
 
+CALIBRATION_TAKES_S = 25  # measured on 2 idle cores: 22-31 s
+
+
 def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
     about = machine()
     path = cache_file(cache_dir, about)
     cached = read_cache(path, about)
     if cached is not None:
         return cached
+    print(
+        f"unipar: calibrating this machine's CPU for the planner (once per machine, "
+        f"~{CALIBRATION_TAKES_S} s; cached in {path.parent})",
+        file=sys.stderr,
+        flush=True,
+    )
     device, link = _measure()
     write_cache(path, about, device, link)
     return device, link

@@ -144,6 +144,8 @@ class ElasticController:
             promised = self.size_target is not None and self.size_target() is not None
             wanted = most if promised else max(config.least_workers,
                                                min(most, self.supervisor.room()))
+            if config.progress:
+                self.bar.note(f"unipar: starting {wanted} worker{'s' * (wanted != 1)}")
             members = self.supervisor.start(wanted, config.placement_timeout_s,
                                             most=self._most)
             members = self._at_least_min(members)

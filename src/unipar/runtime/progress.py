@@ -11,25 +11,34 @@ from unipar.runtime.metrics import StepMetrics
 
 
 class ProgressBar:
-    """Step, loss, tokens/s and ETA on one line (standard error)."""
+    """Step, loss, tokens/s and ETA on one line (standard error). The bar appears with
+    the first step, so its clock and ETA start there, not while workers start and the
+    planner runs; notes before it are plain lines."""
 
     def __init__(self, total_steps: int, *, enabled: bool, stream: TextIO = sys.stderr) -> None:
-        self._bar = tqdm(
-            total=total_steps,
-            desc="train",
-            unit="step",
-            disable=not enabled,
-            file=stream,
-            dynamic_ncols=True,
-            mininterval=0.5,
-        )
+        self._total, self._enabled, self._stream = total_steps, enabled, stream
+        self._start = 0
+        self._bar: tqdm | None = None
 
     def start_at(self, step: int) -> None:
-        self._bar.n = step
-        self._bar.last_print_n = step
-        self._bar.refresh()
+        self._start = step
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.last_print_n = step
+            self._bar.refresh()
 
     def update(self, metrics: StepMetrics) -> None:
+        if self._bar is None:
+            self._bar = tqdm(
+                total=self._total,
+                initial=self._start,
+                desc="train",
+                unit="step",
+                disable=not self._enabled,
+                file=self._stream,
+                dynamic_ncols=True,
+                mininterval=0.5,
+            )
         shown = {"loss": f"{metrics.loss:.4f}", "tok_s": f"{metrics.tokens_per_s:,.0f}"}
         if (adapt := metrics.adapt) is not None:
             shown |= {
@@ -42,10 +51,14 @@ class ProgressBar:
         self._bar.update(metrics.step + 1 - self._bar.n)
 
     def note(self, message: str) -> None:
-        self._bar.write(message, file=sys.stderr)
+        if self._bar is None:
+            print(message, file=sys.stderr, flush=True)
+        else:
+            self._bar.write(message, file=sys.stderr)
 
     def close(self) -> None:
-        self._bar.close()
+        if self._bar is not None:
+            self._bar.close()
 
 
 def format_summary(
