@@ -47,7 +47,7 @@ from unipar.ps import (
     price_ps,
 )
 from unipar.ps.optim import OptimizerKind, OptimizerSpec
-from unipar.ps.train import PSConfig, PSRun, Slowdown
+from unipar.runtime.servers.train import PSConfig, PSRun, Slowdown
 
 FIELDS = 4
 

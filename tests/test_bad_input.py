@@ -27,7 +27,7 @@ from unipar import (
     fit,
 )
 from unipar.adapt import AdaptiveBatch
-from unipar.cli import main
+from unipar.cli.main import main
 from unipar.plan import GradSync, Mesh, Plan
 from unipar.testing import tiny_gpt_job
 
@@ -67,7 +67,7 @@ def no_ray(monkeypatch):
     """Any attempt to start or join Ray fails the test: validation alone must answer."""
     import importlib
 
-    fit_module = importlib.import_module("unipar.runtime.fit")  # the module, not fit()
+    fit_module = importlib.import_module("unipar.runtime.run")  # the module, not fit()
 
     def refuse(*args, **kwargs):
         raise RayStarted("Ray was started although validation alone could answer")
@@ -219,7 +219,7 @@ def test_plan_flag(argv, pattern, workdir, no_ray, capsys):
 
 @pytest.mark.parametrize(("command", "table"), [("train", TRAIN_FLAGS), ("plan", PLAN_FLAGS)])
 def test_every_flag_has_a_bad_value_in_the_tables(command, table):
-    from unipar.cli import build_parser
+    from unipar.cli.main import build_parser
 
     commands = next(a for a in build_parser()._actions if a.dest == "command")
     flags = {a.option_strings[0] for a in commands.choices[command]._actions if a.option_strings}

@@ -90,7 +90,7 @@ def test_plan_report_json_is_a_plan():
     import contextlib
     import io
 
-    from unipar.cli import main
+    from unipar.cli.main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -244,7 +244,7 @@ def _plan_command(config: str) -> list[str]:
 )
 def test_plan_hf_configs(config, params_b, capsys):
     """``unipar plan hf:...`` on real configs (the CLI's own entry point, in process)."""
-    from unipar.cli import main
+    from unipar.cli.main import main
 
     assert main(_plan_command(config)) == 0
     result = json.loads(capsys.readouterr().out)
@@ -317,7 +317,7 @@ def test_cluster_attention_override():
 def test_plan_hf_config_defaults_to_its_own_sequence_length(config, seq, why, capsys):
     """Without --seq, an HF config is planned at its own positions (GPT-2: 1024; a
     128k-position config at the cap), and the output says so."""
-    from unipar.cli import main
+    from unipar.cli.main import main
 
     nodes = "1" if config == "gpt2" else "32"
     command = ["plan", f"hf:{CONFIGS / config}.json", "--cluster", "h100-80g", "--nodes",

@@ -135,7 +135,7 @@ def test_nothing_worth_serving():
 def test_a_restored_server_does_not_wait_for_a_worker_that_had_left(tmp_path):
     """BSP, 2 workers: worker 1 finished and left; the server is restored from its
     snapshot; worker 0's next clock is applied without waiting for worker 1."""
-    from unipar.ps.server import ParameterServer, Push
+    from unipar.runtime.servers.server import ParameterServer, Push
 
     def server() -> ParameterServer:
         return ParameterServer(0, {"w": torch.zeros(3)}, set(), OptimizerSpec(lr=0.1),

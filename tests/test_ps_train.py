@@ -19,7 +19,7 @@ from unipar.models.ctr import CTRModel, ZipfClicks, ctr_loss
 from unipar.ps.consistency import Consistency, ConsistencySpec
 from unipar.ps.optim import OptimizerKind, OptimizerSpec
 from unipar.ps.partition import RowSharding
-from unipar.ps.train import PSConfig, PSRun, train
+from unipar.runtime.servers.train import PSConfig, PSRun, train
 
 ray = pytest.importorskip("ray")
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # GatedCTR, in workers

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from unipar import ResourceError, fit
-from unipar.cli import build_parser, run_options
-from unipar.ray_session import reserve_bundles
+from unipar.cli.main import build_parser
+from unipar.cli.train import run_options
+from unipar.ray_cluster.session import reserve_bundles
 from unipar.runtime.config import RunConfig, cli_fields, default_run_dir
 
 
@@ -53,7 +54,7 @@ def test_every_flag_reaches_fit_under_its_field_name():
 
 
 def test_a_worker_range_flag_sets_the_fewest_and_the_most():
-    from unipar.cli import _run_config
+    from unipar.cli.train import _run_config
 
     options = run_options(build_parser().parse_args(["train", "--workers", "2:3"]))
     assert options == {"workers": (2, 3)}  # fit takes the range as it is

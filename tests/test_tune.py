@@ -207,7 +207,7 @@ def test_an_interrupted_experiment_resumes_without_rerunning_finished_trials(ray
 
 
 def test_cli_refuses_an_empty_space_before_any_trial(tmp_path, capsys):
-    from unipar.cli import main
+    from unipar.cli.main import main
 
     job_file = tmp_path / "my_job.py"
     here = str(Path(__file__).parent)

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from png_checks import check_png
 
-from unipar.cli import main
+from unipar.cli.main import main
 from unipar.cluster import cluster_preset
 from unipar.errors import ConfigError
 from unipar.models import GPTConfig

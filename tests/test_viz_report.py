@@ -7,7 +7,7 @@ import json
 import pytest
 from png_checks import check_png
 
-from unipar.cli import main
+from unipar.cli.main import main
 from unipar.errors import ConfigError
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.viz.run_report import report_run, run_series

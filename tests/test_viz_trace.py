@@ -14,7 +14,7 @@ from png_checks import check_png
 from unipar.cluster import cluster_preset
 from unipar.errors import ConfigError
 from unipar.plan import Plan
-from unipar.runtime.fit import fit
+from unipar.runtime.run import fit
 from unipar.runtime.tracing import (
     Attachment,
     StepTracer,

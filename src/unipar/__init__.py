@@ -32,7 +32,7 @@ _EXPORTS = {
     "Callback": "unipar.runtime",
     "FitResult": "unipar.runtime",
     "StepMetrics": "unipar.runtime",
-    "fit": "unipar.runtime.fit",
+    "fit": "unipar.runtime.run",
     "load_model_state": "unipar.runtime",
     "tune": "unipar.tuning.api",
     "submit": "unipar.service.client",

@@ -340,7 +340,7 @@ def check_size_target(size_target: Any) -> None:
     if size_target is not None and not callable(size_target):
         raise ConfigError(
             f"size_target must be a callable returning a number of workers (or None for no "
-            f"bound), but got {size_target!r}; pass a unipar.runtime.size_target.SizeTarget"
+            f"bound), but got {size_target!r}; pass a unipar.runtime.elastic.size_target.SizeTarget"
             " (it is callable), or leave it out"
         )
 
@@ -391,7 +391,7 @@ def check_plan_for_run(
             "workers"
         )
     if plan.grad_sync is GradSync.PARAMETER_SERVER:
-        from unipar.ps.for_job import check_servers_plan
+        from unipar.runtime.servers.for_job import check_servers_plan
 
         check_servers_plan(plan)
     from unipar.plan.runtime_support import unsupported_features

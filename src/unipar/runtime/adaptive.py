@@ -329,7 +329,7 @@ ADAPT_FILE = "unipar_adapt.json"  # the adaptive state inside an in-memory snaps
 
 
 def with_adapt_state(part: Any, adapt: AdaptiveStep | None) -> Any:
-    """A snapshot part (:class:`~unipar.runtime.snapshot.SnapshotPart`) that also holds
+    """A snapshot part (:class:`~unipar.runtime.elastic.snapshot.SnapshotPart`) that also holds
     the adaptive batch's state (the same on every rank)."""
     if adapt is None:
         return part

@@ -21,9 +21,9 @@ from ray.exceptions import RayTaskError
 from unipar.errors import TrainingFailedError, UniparError, UserCodeError
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.ray_cluster.supervisor import PROCESS_LOST, Stream
 from unipar.runtime.checkpoint import latest_checkpoint
 from unipar.runtime.config import RunConfig
-from unipar.runtime.gang import PROCESS_LOST, Stream
 from unipar.runtime.metrics import MetricsWriter, StepAggregator, StepMetrics
 from unipar.runtime.progress import ProgressBar
 from unipar.runtime.tracing import TraceBatch, TraceRecord
@@ -45,7 +45,7 @@ class Callback:
 
     def on_resize(self, event: Any) -> None:
         """Called when an elastic gang re-formed with another number of workers
-        (a :class:`~unipar.runtime.elastic_formation.ResizeEvent`)."""
+        (a :class:`~unipar.runtime.elastic.formation.ResizeEvent`)."""
 
 
 class WorkerLost(Exception):
@@ -192,7 +192,7 @@ class Controller:
 
 
 class _Call(Stream):
-    """One worker's call in flight (see :class:`~unipar.runtime.gang.Stream`): a plain
+    """One worker's call in flight (see :class:`~unipar.ray_cluster.supervisor.Stream`): a plain
     result, or a stream of step reports ending with the outcome."""
 
     def __init__(self, rank: int, handle: ray.ObjectRef | ray.ObjectRefGenerator) -> None:

@@ -33,7 +33,7 @@ def write_run_trace(
 
 
 def _cluster(config: RunConfig, plan: Plan) -> Any:
-    from unipar.cluster.live import live_cluster_spec
+    from unipar.ray_cluster.live import live_cluster_spec
 
     return live_cluster_spec(
         plan.mesh.world_size,

@@ -23,9 +23,9 @@ from unipar.job import Job
 from unipar.plan import Plan
 from unipar.runtime.adaptive import AdaptiveStep, saved_adapt_state
 from unipar.runtime.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-from unipar.runtime.clipping import clip_grad_norm
-from unipar.runtime.distributed_optimizer import build_optimizer
-from unipar.runtime.parallelize import parallelize
+from unipar.runtime.parallel.clipping import clip_grad_norm
+from unipar.runtime.parallel.distributed_optimizer import build_optimizer
+from unipar.runtime.parallel.parallelize import parallelize
 from unipar.runtime.tracing import (
     Attachment,
     StepTracer,
@@ -166,8 +166,8 @@ class Trainer:
         re-wrapped for the new process group; nothing is built, copied or loaded."""
         from torch.nn.parallel import DistributedDataParallel
 
-        from unipar.runtime.data_parallel import apply_ddp
-        from unipar.runtime.parallelize import ParallelModel
+        from unipar.runtime.parallel.data import apply_ddp
+        from unipar.runtime.parallel.parallelize import ParallelModel
 
         self.dataset = previous.dataset
         module = previous.model.parts[0]

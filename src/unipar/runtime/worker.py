@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from unipar.job import Job
 from unipar.plan import Plan
-from unipar.runtime.gang import describe_process
+from unipar.ray_cluster.supervisor import describe_process
 from unipar.runtime.heap import settle_heap
 from unipar.runtime.tracing import TraceBatch
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, Trainer, TrainOutcome

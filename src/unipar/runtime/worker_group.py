@@ -12,7 +12,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from unipar.job import Job
 from unipar.plan import Plan
-from unipar.ray_session import require_resources, reserve_bundles
+from unipar.ray_cluster.session import require_resources, reserve_bundles
 from unipar.runtime.config import RunConfig
 from unipar.runtime.trainer import CheckpointPolicy
 from unipar.runtime.worker import TrainWorker

@@ -91,7 +91,7 @@ def check_workers(workers: int | tuple[int, int]) -> tuple[int, int]:
 def connect(address: str | None = None, state_dir: Path | None = None) -> None:
     """Join the cluster: this process's Ray, else ``address``, else the one ``unipar up``
     recorded in ``state_dir``."""
-    from unipar.ray_session import start_ray
+    from unipar.ray_cluster.session import start_ray
 
     if ray.is_initialized():
         return

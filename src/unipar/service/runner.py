@@ -2,7 +2,7 @@
 
 The scheduler starts one detached, named runner per job on the head node; the runner's
 thread runs :func:`unipar.fit` with an elastic worker range and a
-:class:`~unipar.runtime.size_target.SizeTarget` the scheduler sets, and collects what
+:class:`~unipar.runtime.elastic.size_target.SizeTarget` the scheduler sets, and collects what
 the scheduler reads each round (:mod:`unipar.service.ledger`): steps of batch M0 done,
 workers, seconds per step at each size, resizes.
 The training workers belong to the runner's process, so they outlive a scheduler that
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from unipar.runtime.controller import Callback
-from unipar.runtime.size_target import SizeTarget
+from unipar.runtime.elastic.size_target import SizeTarget
 from unipar.service.ledger import RunnerStatus, StepLedger
 
 
@@ -76,7 +76,7 @@ class JobRunner:
             log.write(f"{stamp} {text}\n")
 
     def _run(self, workers: tuple[int, int]) -> None:
-        from unipar.runtime.fit import fit
+        from unipar.runtime.run import fit
 
         least, most = workers
         try:

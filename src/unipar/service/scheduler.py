@@ -24,7 +24,7 @@ from ray.exceptions import ActorAlreadyExistsError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from unipar.errors import ConfigError
-from unipar.runtime.gang import PROCESS_LOST, constructor_error
+from unipar.ray_cluster.supervisor import PROCESS_LOST, constructor_error
 from unipar.sched.policies import PolicyName, make_policy
 from unipar.service.decide import ResizeCost, targets, useful_workers
 from unipar.service.state import JobRow, JobState, Store

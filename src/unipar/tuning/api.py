@@ -95,7 +95,7 @@ def tune(
     (None: as many as the cluster holds)."""
     from ray import tune as ray_tune
 
-    from unipar.ray_session import ray_session
+    from unipar.ray_cluster.session import ray_session
 
     space_ = load_space(space)
     searcher_kind = parse_kind(SearcherKind, searcher, "searcher")
@@ -125,7 +125,7 @@ def tune(
         max_failures=max_failures,
     )
     with ray_session(address):
-        from unipar.ray_session import require_resources
+        from unipar.ray_cluster.session import require_resources
 
         require_resources(
             {"CPU": cpus_per_worker, "GPU": gpus_per_worker}, workers_per_trial, "worker per trial"

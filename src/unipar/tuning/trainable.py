@@ -101,7 +101,7 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSetti
     from ray import tune
 
     from unipar.runtime.checkpoint import read_checkpoint
-    from unipar.runtime.fit import fit
+    from unipar.runtime.run import fit
 
     job = make_job(dict(config))
     every, keep = checkpoint_plan(job.steps)

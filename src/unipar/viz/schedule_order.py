@@ -86,7 +86,7 @@ def _recorded_order(
 
 def torch_schedule_class(schedule: PipelineSchedule) -> type:
     """The ``torch.distributed.pipelining`` class the runtime builds for ``schedule``
-    (see :func:`unipar.runtime.parallelize._pipeline_schedule`)."""
+    (see :func:`unipar.runtime.parallel.parallelize._pipeline_schedule`)."""
     from torch.distributed import pipelining
 
     return {

@@ -42,7 +42,7 @@ class XGBoostActor:
 
     def describe(self) -> tuple[int, str, str]:
         """(process id, node IP, Ray node id): what the gang supervisor follows."""
-        from unipar.runtime.gang import describe_process
+        from unipar.ray_cluster.supervisor import describe_process
 
         return describe_process()
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import ray
 
-from unipar.ray_session import start_ray
+from unipar.ray_cluster.session import start_ray
 
 
 def attach_or_start_ray(before_starting: Callable[[], None] | None = None) -> None:

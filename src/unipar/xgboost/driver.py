@@ -11,7 +11,7 @@ exactly ``num_boost_round`` trees.
 An actor on a node that Ray drains (preemption notice, autoscaler scale-down) leaves
 after the current round, with no round lost, and is replaced the same way. The actors'
 processes, nodes and draining are followed by the gang supervisor that the torch
-runtime uses too (:mod:`unipar.runtime.gang`).
+runtime uses too (:mod:`unipar.ray_cluster.supervisor`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from unipar.errors import ConfigError
-from unipar.runtime.gang import (
+from unipar.ray_cluster.supervisor import (
     PROCESS_LOST,
     Stream,
     Supervisor,

@@ -21,7 +21,7 @@ from torch import nn
 
 from unipar.analysis.profile import LayerKind, layer_kind, layer_sequence
 from unipar.plan import Plan
-from unipar.runtime.stages import tied_parameters
+from unipar.runtime.parallel.stages import tied_parameters
 
 
 def uses_fully_shard(plan: Plan) -> bool:

@@ -1,6 +1,6 @@
 """An outside decision about how many workers an elastic job should have.
 
-The elastic controller (:mod:`unipar.runtime.elastic`) asks its size target at each
+The elastic controller (:mod:`unipar.runtime.elastic.controller`) asks its size target at each
 poll of its running gang (every ``poll_interval_s``, 0.5 s by default): above the
 gang's size it grows up to the target when the cluster has room; below it, the workers
 past the target leave at the next step boundary, the same way as from a draining node

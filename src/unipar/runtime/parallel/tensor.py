@@ -35,8 +35,8 @@ from unipar.analysis.profile import layer_sequence
 from unipar.errors import UnsupportedPlanError
 from unipar.models import hf
 from unipar.plan import Plan, TensorParallelStyle
-from unipar.runtime.sequence_parallel import sequence_parallel_styles
-from unipar.runtime.stages import tied_parameters
+from unipar.runtime.parallel.sequence import sequence_parallel_styles
+from unipar.runtime.parallel.stages import tied_parameters
 
 COLUMN_WISE_NAMES = frozenset(
     {"wq", "wk", "wv", "q_proj", "k_proj", "v_proj", "query", "key", "value"}

@@ -18,7 +18,7 @@ process group under one plan. The controller follows its step reports and:
   re-forms with them: no step lost;
 - **drain**: a node that Ray is draining (preemption notice, autoscaler scale-down)
   has its workers leave the same way, at a step boundary: no step lost;
-- **size target** (:mod:`unipar.runtime.size_target`): an outside decision (the shared
+- **size target** (:mod:`unipar.runtime.elastic.size_target`): an outside decision (the shared
   cluster's scheduler) bounds the gang: workers past it leave as from a draining node,
   and the gang grows only up to it.
 
@@ -42,10 +42,17 @@ import ray
 from unipar.errors import ResourceError, TrainingFailedError, UniparError, UserCodeError
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.ray_cluster.supervisor import (
+    PROCESS_LOST,
+    Member,
+    Stream,
+    Supervisor,
+    on_draining_nodes,
+)
 from unipar.runtime.checkpoint import latest_checkpoint
 from unipar.runtime.config import RunConfig
 from unipar.runtime.controller import Callback, RunState, WorkerLost
-from unipar.runtime.elastic_formation import (
+from unipar.runtime.elastic.formation import (
     GRACE_S,
     SURVIVOR_GRACE_S,
     FormationEnd,
@@ -58,7 +65,10 @@ from unipar.runtime.elastic_formation import (
     export_state,
     gather_forms,
 )
-from unipar.runtime.elastic_worker import (
+from unipar.runtime.elastic.rendezvous import RendezvousHost
+from unipar.runtime.elastic.size_target import bounded
+from unipar.runtime.elastic.snapshot import SnapshotAssembly, SnapshotPart
+from unipar.runtime.elastic.worker import (
     ElasticWorker,
     Finished,
     Interrupted,
@@ -66,12 +76,8 @@ from unipar.runtime.elastic_worker import (
     is_stream_end,
     replicated,
 )
-from unipar.runtime.gang import PROCESS_LOST, Member, Stream, Supervisor, on_draining_nodes
 from unipar.runtime.metrics import MetricsWriter, StepAggregator
 from unipar.runtime.progress import ProgressBar
-from unipar.runtime.rendezvous import RendezvousHost
-from unipar.runtime.size_target import bounded
-from unipar.runtime.snapshot import SnapshotAssembly, SnapshotPart
 from unipar.runtime.tracing import TraceBatch
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
 from unipar.runtime.worker_group import WorkerInfo

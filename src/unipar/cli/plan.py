@@ -120,7 +120,7 @@ def _flag(name: str) -> str:
 
 def run_plan(args: argparse.Namespace) -> int:
     check_plan_args(args)  # before torch is imported
-    from unipar.hetero_cli import is_hetero_cluster, run_hetero_plan
+    from unipar.cli.plan_hetero import is_hetero_cluster, run_hetero_plan
 
     if is_hetero_cluster(args.cluster):
         return run_hetero_plan(args, seq_len=DEFAULT_SEQ if args.seq is None else args.seq)

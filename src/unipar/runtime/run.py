@@ -13,18 +13,18 @@ from unipar.errors import ConfigError, UniparError, UnsupportedPlanError
 from unipar.job import Job
 from unipar.plan import GradSync, Plan, Strategy
 from unipar.plan.for_job import serves_embeddings
-from unipar.ps.for_job import check_worth_serving_job, server_optimizer
-from unipar.ray_session import ray_session
+from unipar.plan.resize import require_resizable, resize_plan, sizes_that_work
+from unipar.ray_cluster.session import ray_session
 from unipar.runtime.adaptive import check_adaptive_loss
 from unipar.runtime.checkpoint import ensure_writable, resume_point
 from unipar.runtime.config import RunConfig, default_run_dir
 from unipar.runtime.controller import Callback, Controller
-from unipar.runtime.elastic import ElasticController
-from unipar.runtime.elastic_plan import require_resizable, resize_plan, sizes_that_work
-from unipar.runtime.fit_servers import run_on_servers
+from unipar.runtime.elastic.controller import ElasticController
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.progress import format_summary
 from unipar.runtime.run_trace import write_run_trace
+from unipar.runtime.servers.fit import run_on_servers
+from unipar.runtime.servers.for_job import check_worth_serving_job, server_optimizer
 from unipar.runtime.tracing import traced_steps
 from unipar.runtime.worker_group import check_cluster_resources
 from unipar.validate import check_fit_inputs, check_plan_for_run, check_size_target
@@ -100,7 +100,7 @@ def fit(
 
     ``workers``: a number, or a range ``(least, most)``: the run starts on as many as
     the cluster has room for, shrinks when workers are lost or their node drains, and
-    grows when room comes back (see :mod:`unipar.runtime.elastic`); a fixed number
+    grows when room comes back (see :mod:`unipar.runtime.elastic.controller`); a fixed number
     recovers live too, with a replacement worker. ``elastic=False``: the old restart
     of the whole gang from the newest disk checkpoint.
 
@@ -110,7 +110,7 @@ def fit(
     also in :meth:`FitResult.summary`. Off (``None``), nothing is timed.
 
     ``size_target``: an outside bound on an elastic run's size, asked at every poll (0.5 s)
-    (see :mod:`unipar.runtime.size_target`; the shared cluster's scheduler sets it).
+    (see :mod:`unipar.runtime.elastic.size_target`; the shared cluster's scheduler sets it).
 
     Joins the Ray instance of this process if there is one, else ``address``, else
     starts an embedded local cluster. Every input is checked (:mod:`unipar.validate`)
@@ -345,7 +345,7 @@ def _check_model_takes_plan(job: Job, plan: Plan) -> None:
     import torch
 
     from unipar.analysis.profile import SkipInPlaceOnMeta
-    from unipar.runtime.parallelize import check_plan_for_model
+    from unipar.runtime.parallel.parallelize import check_plan_for_model
 
     try:
         with torch.device("meta"), SkipInPlaceOnMeta():
@@ -360,8 +360,8 @@ def _plan_on_live_cluster(
 ) -> tuple[Plan, str]:
     """The planner's choice for ``job`` on the connected cluster, and its explanation;
     ``servers``: parameter servers may be chosen for the gradient exchange."""
-    from unipar.cluster.live import live_cluster_spec
     from unipar.plan.for_job import plan_job
+    from unipar.ray_cluster.live import live_cluster_spec
 
     cluster = live_cluster_spec(
         config.workers,

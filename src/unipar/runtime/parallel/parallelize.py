@@ -32,22 +32,22 @@ from unipar.errors import UnsupportedPlanError
 from unipar.models import hf
 from unipar.plan import Plan
 from unipar.plan.representation import MeshCoordinates
-from unipar.runtime import stages as stage_cuts
-from unipar.runtime.context_parallel import (
+from unipar.runtime.parallel import stages as stage_cuts
+from unipar.runtime.parallel.context import (
     apply_context_parallel,
     check_context_parallel,
     sequence_chunk,
 )
-from unipar.runtime.data_parallel import apply_ddp, apply_fully_shard, uses_fully_shard
-from unipar.runtime.distributed_optimizer import check_distributed_optimizer
-from unipar.runtime.recompute import apply_recompute
-from unipar.runtime.tensor_parallel import (
+from unipar.runtime.parallel.data import apply_ddp, apply_fully_shard, uses_fully_shard
+from unipar.runtime.parallel.distributed_optimizer import check_distributed_optimizer
+from unipar.runtime.parallel.recompute import apply_recompute
+from unipar.runtime.parallel.tensor import (
     apply_tensor_parallel,
     placements,
     tensor_parallel_roles,
 )
+from unipar.runtime.parallel.weights import clean_name, load_reference_weights
 from unipar.runtime.tracing import TracedAction
-from unipar.runtime.weights import clean_name, load_reference_weights
 
 Microbatch = tuple[torch.Tensor, torch.Tensor]
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -1,5 +1,5 @@
 """``fit`` for a plan on parameter servers: start the servers and workers
-(:mod:`unipar.ps.for_job`), show progress from the servers' applied step, write the
+(:mod:`unipar.runtime.servers.for_job`), show progress from the servers' applied step, write the
 metrics and the trained model. A server killed mid-run is restarted by Ray from its
 latest snapshot (every ``checkpoint_every`` steps) and the workers carry on."""
 
@@ -37,7 +37,7 @@ def run_on_servers(
 ) -> ServersOutcome:
     """Train ``job`` with ``plan`` (``grad_sync='parameter_server'``): one server per
     node of the connected cluster, BSP."""
-    from unipar.ps.for_job import history_of, start_job_on_servers
+    from unipar.runtime.servers.for_job import history_of, start_job_on_servers
 
     servers = max(1, alive_nodes())
     directory = config.checkpoints

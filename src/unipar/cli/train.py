@@ -1,23 +1,17 @@
-"""The ``unipar`` command."""
+"""``unipar train``: train a job (a built-in recipe or a file defining `job`) on Ray workers."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unipar import validate
-from unipar.errors import ConfigError, UniparError
+from unipar.errors import ConfigError
 from unipar.job_file import check_target, load_job
 from unipar.plan import Plan, Strategy
-from unipar.plan_cli import add_plan_parser
-from unipar.report_cli import add_report_parser
-from unipar.sched_cli import add_simulate_parser
-from unipar.service_cli import add_service_parsers
-from unipar.tuning.cli import add_tune_parser
 
 if TYPE_CHECKING:
     from unipar.job import Job
@@ -27,7 +21,7 @@ if TYPE_CHECKING:
 def _train(args: argparse.Namespace) -> int:
     import ray
 
-    from unipar.ray_session import start_ray
+    from unipar.ray_cluster.session import start_ray
 
     plan, options, config, address = _check_train_args(args)
     if args.adaptive_batch:  # the bound and the loss are checked against the job first
@@ -54,7 +48,7 @@ def _check_train_args(
 ) -> tuple[Plan | Strategy, dict[str, Any], RunConfig, str | None]:
     """Every input of ``unipar train`` that can be checked before Ray starts: the plan,
     the run options (and their config), and the cluster's address, probed."""
-    from unipar.ray_connect import check_cluster
+    from unipar.ray_cluster.address import check_cluster
 
     check_target(args.target)
     validate.check_address(args.address)
@@ -135,7 +129,7 @@ def _fit_and_report(
     options: dict[str, Any],
     config: RunConfig,
 ) -> int:
-    from unipar.runtime.fit import fit
+    from unipar.runtime.run import fit
 
     if args.steps is not None:
         job = dataclasses.replace(job, steps=args.steps)
@@ -178,9 +172,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=field.name, default=argparse.SUPPRESS, **options)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="unipar", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+def add_train_parser(commands: argparse._SubParsersAction) -> None:
     train = commands.add_parser("train", help="train a job on Ray workers")
     train.add_argument(
         "target",
@@ -216,25 +208,3 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_run_options(train)
     train.set_defaults(handler=_train)
-    add_plan_parser(commands)
-    add_report_parser(commands)
-    add_simulate_parser(commands)
-    add_tune_parser(commands)
-    add_service_parsers(commands)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.handler(args)
-    except UniparError as error:
-        print(f"unipar: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("unipar: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,7 +27,7 @@ from torch import nn
 from unipar.analysis.profile import LayerKind, layer_kind, layer_sequence
 from unipar.errors import UnsupportedPlanError
 from unipar.plan import Plan, Recompute
-from unipar.runtime.stages import set_layer
+from unipar.runtime.parallel.stages import set_layer
 
 # Outputs kept under selective recompute: the linear layers' matrix multiplications.
 # Batched products (bmm, the attention core) and fused attention are recomputed.

@@ -24,8 +24,8 @@ from unipar.errors import ConfigError
 from unipar.job import Job, OptimizerKind, OptimizerSpec, ScheduleKind
 from unipar.plan.representation import Plan
 from unipar.ps import optim as ps_optim
-from unipar.ps.train import PSConfig, PSResult, PSRun
 from unipar.runtime.metrics import StepMetrics
+from unipar.runtime.servers.train import PSConfig, PSResult, PSRun
 
 
 def server_optimizer(job: Job) -> ps_optim.OptimizerSpec:

@@ -1,5 +1,5 @@
 """One formation of the elastic gang: where its state comes from, how it ended, the resize
-event it records, and the waits on its members' calls (:mod:`unipar.runtime.elastic`)."""
+event it records, and the waits on its members' calls (:mod:`unipar.runtime.elastic.controller`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import ray
 
 from unipar.errors import UniparError
+from unipar.ray_cluster.supervisor import PROCESS_LOST, Member, Stream
 from unipar.runtime.checkpoint import read_checkpoint
-from unipar.runtime.elastic_worker import Interrupted, Paused
-from unipar.runtime.gang import PROCESS_LOST, Member, Stream
+from unipar.runtime.elastic.worker import Interrupted, Paused
 
 SURVIVOR_GRACE_S = 30.0  # survivors still not done this long after a loss are given up
 GRACE_S = 3.0  # after a failed step, how long to wait for Ray to report a lost peer

@@ -13,7 +13,7 @@ import torch
 from unipar.ps.consistency import ConsistencySpec
 from unipar.ps.optim import OptimizerSpec
 from unipar.ps.partition import Partitioning
-from unipar.ps.server import ParameterServer, Push
+from unipar.runtime.servers.server import ParameterServer, Push
 
 
 def start_servers(

@@ -44,9 +44,9 @@ logging.getLogger("ray._private.authentication.authentication_token_setup").addF
 # training actor finds it imported (measured on 2 cores: an actor's ``import torch``
 # 3.8 s -> 0.2 s under load; unipar's worker and DCP a further 1.0 s once torch is in).
 # On a cluster started with ``ray start``, the same is
-# ``RAY_preload_python_modules=torch,torch.distributed.checkpoint,unipar.runtime.elastic_worker
+# ``RAY_preload_python_modules=torch,torch.distributed.checkpoint,unipar.runtime.elastic.worker
 # ray start --head``.
-TRAINING_PRELOAD = ("torch", "torch.distributed.checkpoint", "unipar.runtime.elastic_worker")
+TRAINING_PRELOAD = ("torch", "torch.distributed.checkpoint", "unipar.runtime.elastic.worker")
 
 
 def start_ray(
@@ -57,11 +57,11 @@ def start_ray(
     preload: tuple[str, ...] = TRAINING_PRELOAD,
 ) -> None:
     """Connect to ``address`` (checked first: an unreachable or incompatible cluster
-    fails within seconds, see :mod:`unipar.ray_connect`), or start a local Ray without
+    fails within seconds, see :mod:`unipar.ray_cluster.address`), or start a local Ray without
     its dashboard (never joining a cluster ``ray start`` left on this machine), whose
     worker processes import ``preload`` as they start.
-    ``checked``: ``address`` already passed :func:`~unipar.ray_connect.check_cluster`."""
-    from unipar.ray_connect import check_cluster
+    ``checked``: ``address`` already passed :func:`~unipar.ray_cluster.address.check_cluster`."""
+    from unipar.ray_cluster.address import check_cluster
 
     options: dict = {"include_dashboard": False, "logging_level": logging.WARNING}
     if address and address != "local":

@@ -9,7 +9,7 @@ servers too, pulled at their first use in a clock (with the first table's rows, 
 same call to each server, when a table comes first), or (``serve_dense=False``) stay on
 the workers and are all-reduced with gloo, each worker then stepping a local
 ``torch.optim`` optimizer. Pushes are not waited for: they travel while the worker
-reads its next batch (see :class:`~unipar.ps.client.PSClient`).
+reads its next batch (see :class:`~unipar.runtime.servers.client.PSClient`).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import torch
 from torch import nn
 
 from unipar.errors import ConfigError
-from unipar.ps.client import PSClient, start_servers
 from unipar.ps.consistency import Consistency, ConsistencySpec
 from unipar.ps.optim import OptimizerKind, OptimizerSpec
 from unipar.ps.partition import Partitioning, RowSharding, TensorInfo, partition
 from unipar.ps.worth import check_worth_serving
+from unipar.runtime.servers.client import PSClient, start_servers
 
 DataFn = Callable[[int, int], Any]  # (worker, clock) -> batch
 LossFn = Callable[[nn.Module, Any], torch.Tensor]

@@ -28,16 +28,16 @@ import torch
 
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.ray_cluster.supervisor import describe_process
 from unipar.runtime.adaptive import adapt_state_of, with_adapt_state
-from unipar.runtime.gang import describe_process
-from unipar.runtime.heap import settle_heap
-from unipar.runtime.rendezvous import Rendezvous, StopSignal, join, leave
-from unipar.runtime.snapshot import (
+from unipar.runtime.elastic.rendezvous import Rendezvous, StopSignal, join, leave
+from unipar.runtime.elastic.snapshot import (
     SnapshotCadence,
     SnapshotPart,
     load_from_memory,
     save_to_memory,
 )
+from unipar.runtime.heap import settle_heap
 from unipar.runtime.tracing import TraceBatch
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, Trainer, TrainOutcome
 

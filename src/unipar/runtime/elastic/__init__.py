@@ -1,0 +1,2 @@
+"""The elastic gang: its controller, formations, worker actor, rendezvous, in-memory snapshots
+and outside size targets."""
