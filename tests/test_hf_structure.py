@@ -162,7 +162,7 @@ def test_every_plan_the_planner_ranks_is_one_the_runtime_takes(family):
     """Across meshes of 8 devices (tp, pp, fsdp, dp and their mixes), each ranked
     plan passes the runtime's own check on the model (built on the meta device).
     Running them is the parity tests' part."""
-    from unipar.analysis.profile import SkipInPlaceOnMeta
+    from unipar.analysis.meta import SkipInPlaceOnMeta
     from unipar.cluster import cluster_preset
     from unipar.plan import Constraints, plan
 

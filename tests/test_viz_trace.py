@@ -14,6 +14,7 @@ from png_checks import check_png
 from unipar.cluster import cluster_preset
 from unipar.errors import ConfigError
 from unipar.plan import Plan
+from unipar.plan.for_job import job_facts
 from unipar.runtime.run import fit
 from unipar.runtime.tracing import (
     Attachment,
@@ -107,7 +108,9 @@ def test_data_parallel_trace_times_each_microbatch_on_one_replica(ray_cluster, t
 def test_trace_outputs(pipeline_run, tmp_path):
     bench, plan, result = pipeline_run
     records = result.trace.records
-    predicted = predicted_run_timeline(bench.job(6), plan, cluster_preset("a100-80g"))
+    predicted = predicted_run_timeline(
+        job_facts(bench.job(6)).profile, plan, cluster_preset("a100-80g")
+    )
     outputs = write_trace(tmp_path, records, pp=2, stages=2, predicted=predicted)
     events = json.loads(outputs.trace_json.read_text())["traceEvents"]
     assert sum(e["ph"] == "X" for e in events) == len(records)

@@ -291,8 +291,9 @@ def check_run_config(config: Any) -> None:
             f"gpus_per_worker above 1 must be a whole number (Ray's rule), but got {gpus:g}; "
             f"pass {math.floor(gpus)} or {math.ceil(gpus)}"
         )
-    path("run_dir", config.run_dir)
-    directory_to_create("run_dir", Path(config.run_dir))
+    if config.run_dir is not None:  # None: a fresh directory under unipar_runs/
+        path("run_dir", config.run_dir)
+        directory_to_create("run_dir", Path(config.run_dir))
     if path("checkpoint_dir", config.checkpoint_dir, optional=True) is not None:
         directory_to_create("checkpoint_dir", Path(config.checkpoint_dir))
     if config.checkpoint_every is not None:

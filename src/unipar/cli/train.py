@@ -5,17 +5,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unipar import validate
 from unipar.errors import ConfigError
 from unipar.job_file import check_target, load_job
-from unipar.plan import Plan, Strategy
 
 if TYPE_CHECKING:
     from unipar.job import Job
     from unipar.runtime.config import RunConfig
+    from unipar.runtime.preflight import Preflight
+
+DEFAULT_MAX_BATCH_FACTOR = 8
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -23,35 +24,30 @@ def _train(args: argparse.Namespace) -> int:
 
     from unipar.ray_cluster.session import start_ray
 
-    plan, options, config, address = _check_train_args(args)
-    if args.adaptive_batch:  # the bound and the loss are checked against the job first
-        adaptive_job = with_adaptive_batch(load_job(args.target), args.max_batch)
+    config = _check_train_args(args)
     # Ray's start is partly waiting on its own processes: load the job (importing torch)
-    # meanwhile. Ray stays on the main thread: its processes die with the thread that
-    # started them.
+    # and run the preflight meanwhile. Ray stays on the main thread: its processes die
+    # with the thread that started them.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="unipar-load-job") as pool:
-        loading = pool.submit(load_job, args.target)
+        checking = pool.submit(_load_and_check, args, config)
         try:
-            start_ray(address, checked=True)
-            job = adaptive_job if args.adaptive_batch else loading.result()
+            start_ray(config.address, checked=True)
+            pre = checking.result()
         except BaseException:
             ray.shutdown()
             raise
     try:
-        return _fit_and_report(job, plan, args, options, config)
+        return _run_and_report(pre)
     finally:
         ray.shutdown()
 
 
-def _check_train_args(
-    args: argparse.Namespace,
-) -> tuple[Plan | Strategy, dict[str, Any], RunConfig, str | None]:
-    """Every input of ``unipar train`` that can be checked before Ray starts: the plan,
-    the run options (and their config), and the cluster's address, probed."""
+def _check_train_args(args: argparse.Namespace) -> RunConfig:
+    """What of ``unipar train`` can be checked before the job is loaded or Ray starts:
+    the flags (as :class:`RunConfig`), and the cluster's address, probed."""
     from unipar.ray_cluster.address import check_cluster
 
     check_target(args.target)
-    validate.check_address(args.address)
     if args.steps is not None:
         validate.integer("--steps", args.steps, minimum=1)
     if args.max_batch is not None:
@@ -61,38 +57,32 @@ def _check_train_args(
                 f"--max-batch bounds the adaptive batch, but got --max-batch {args.max_batch} "
                 "without --adaptive-batch; add --adaptive-batch or leave --max-batch out"
             )
-    plan = _strategy(args.strategy)
-    options = run_options(args)
-    config = _run_config(options)
-    if config.trace_steps is not None and args.steps is not None:
-        from unipar.runtime.tracing import traced_steps
-
-        traced_steps(config.trace_steps, 0, args.steps)
-    if isinstance(plan, Plan):
-        validate.check_plan_for_run(plan, (config.least_workers, config.workers))
-    if config.resume or "run_dir" in options or "checkpoint_dir" in options:
-        from unipar.runtime.checkpoint import resume_point
-
-        resume_point(config.resume, config.checkpoints)
-    address = args.address
-    if address and address != "local":
-        address = check_cluster(address)  # within seconds, before anything starts
-    return plan, options, config, address
+    config = run_config(run_options(args))
+    if config.address and config.address != "local":  # within seconds, before anything
+        config = dataclasses.replace(config, address=check_cluster(config.address))
+    return config
 
 
-DEFAULT_MAX_BATCH_FACTOR = 8
+def _load_and_check(args: argparse.Namespace, config: RunConfig) -> Preflight:
+    """The job file executed once, the command line's changes to the job, the preflight."""
+    from unipar.runtime.preflight import preflight
+
+    job = load_job(args.target)
+    if args.steps is not None:
+        job = dataclasses.replace(job, steps=args.steps)
+    if args.adaptive_batch:
+        job = with_adaptive_batch(job, args.max_batch)
+    return preflight(job, config)
 
 
 def with_adaptive_batch(job: Job, max_batch: int | None) -> Job:
     """``job`` adapting its batch up to ``max_batch`` (None: 8 × its global batch); the
-    job's rules (a bound at least M0, a rule for its optimizer) and a mean loss checked."""
+    job's rules (a bound at least M0, a rule for its optimizer) are checked as it is
+    made, its loss by the preflight."""
     from unipar.adapt import AdaptiveBatch
-    from unipar.runtime.adaptive import check_adaptive_loss
 
     bound = max_batch if max_batch is not None else DEFAULT_MAX_BATCH_FACTOR * job.global_batch_size
-    job = dataclasses.replace(job, adaptive=AdaptiveBatch(max_global_batch=bound))
-    check_adaptive_loss(job)
-    return job
+    return dataclasses.replace(job, adaptive=AdaptiveBatch(max_global_batch=bound))
 
 
 def run_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -103,14 +93,11 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in cli_fields() if hasattr(args, f.name)}
 
 
-def _run_config(options: dict[str, Any]) -> RunConfig:
+def run_config(options: dict[str, Any]) -> RunConfig:
     """Every flag's value checked by the rules of :class:`RunConfig`; errors name the
     flag rather than the field."""
     from unipar.runtime.config import RunConfig, cli_fields
 
-    options = dict(options)
-    if isinstance(options.get("workers"), tuple):  # --workers MIN:MAX
-        options["min_workers"], options["workers"] = options["workers"]
     try:
         return RunConfig(**options)
     except ConfigError as error:
@@ -122,42 +109,18 @@ def _run_config(options: dict[str, Any]) -> RunConfig:
         raise type(error)(message) from None
 
 
-def _fit_and_report(
-    job: Job,
-    plan: Plan | Strategy,
-    args: argparse.Namespace,
-    options: dict[str, Any],
-    config: RunConfig,
-) -> int:
-    from unipar.runtime.run import fit
+def _run_and_report(pre: Preflight) -> int:
+    from unipar.runtime.run import run
 
-    if args.steps is not None:
-        job = dataclasses.replace(job, steps=args.steps)
-    least, most = config.least_workers, config.workers
+    least, most = pre.config.least_workers, pre.config.workers
     workers = f"{most}" if least == most else f"{least}..{most}"
     print(
-        f"unipar: training {job.name} for {job.steps} steps on {workers} workers",
+        f"unipar: training {pre.job.name} for {pre.job.steps} steps on {workers} workers",
         flush=True,
     )
-    result = fit(job, plan=plan, **options)  # joins the Ray instance started above
+    result = run(pre)  # joins the Ray instance started above
     print(result.summary())
     return 0
-
-
-def _strategy(value: str) -> Plan | Strategy:
-    """``auto``/``ddp``/``fsdp``/``tp``/``pp``, or the path of a plan's JSON file (as
-    written by ``Plan.to_json()`` or ``unipar plan ... --json``)."""
-    if value.endswith(".json"):
-        path = Path(value)
-        try:
-            text = path.read_text()
-        except OSError as error:
-            raise ConfigError(
-                f"cannot read the plan file {path} ({error.strerror or error}); pass a plan "
-                "written by `unipar plan ... --json`, or a strategy name"
-            ) from error
-        return Plan.from_json(text, source=f"the plan file {path}")
-    return Strategy.parse(value)
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -167,9 +130,11 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     for field in cli_fields():
         options = dict(field.metadata)
         flag = options.pop("flag", "--" + field.name.replace("_", "-"))
+        options.pop("submit")
+        default = options.pop("cli_default", argparse.SUPPRESS)
         if not isinstance(field.default, bool) and "default:" not in options["help"]:
             options["help"] += f" (default: {field.default})"
-        parser.add_argument(flag, dest=field.name, default=argparse.SUPPRESS, **options)
+        parser.add_argument(flag, dest=field.name, default=default, **options)
 
 
 def add_train_parser(commands: argparse._SubParsersAction) -> None:
@@ -179,18 +144,6 @@ def add_train_parser(commands: argparse._SubParsersAction) -> None:
         nargs="?",
         default="gpt-stdlib",
         help="built-in recipe name or a .py file defining `job`",
-    )
-    train.add_argument(
-        "--strategy",
-        default="auto",
-        help="auto (the planner chooses and explains), ddp, fsdp, tp, pp (the planner "
-        "completes that strategy), or PLAN.json (the output of `unipar plan ... --json` "
-        "or of Plan.to_json())",
-    )
-    train.add_argument(
-        "--address",
-        default=None,
-        help="HOST:PORT of a running Ray cluster's head (default: start a local one)",
     )
     train.add_argument("--steps", type=int, default=None, help="override the job's steps")
     train.add_argument(

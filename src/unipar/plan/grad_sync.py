@@ -16,7 +16,6 @@ is looked at on the meta device and priced with :mod:`unipar.ps.cost`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -81,8 +80,7 @@ def sparse_facts(model: ModelSpec) -> SparseFacts:
     """The model's embedding tables (with ids per sample) and its dense parameters,
     built on the meta device; ids are counted by one forward of one sample, run only
     when the tables hold enough of the parameters to be worth serving."""
-    with torch.device("meta"):
-        module = model.factory()
+    module = model.meta_model
     embeddings, dense = _untied_embeddings(module)
     ids = dict.fromkeys(embeddings, 0.0)
     facts = SparseFacts(_tables(embeddings, ids), dense)
@@ -105,11 +103,9 @@ def sparse_facts(model: ModelSpec) -> SparseFacts:
     return SparseFacts(_tables(embeddings, ids), dense)
 
 
-def parameter_facts(factory: Callable[[], nn.Module]) -> SparseFacts:
-    """The tables and dense parameters of ``factory()`` built on the meta device, no
+def parameter_facts(module: nn.Module) -> SparseFacts:
+    """The tables and dense parameters of ``module`` (built on the meta device), no
     forward (ids per sample unknown: 0); enough for the share the tables hold."""
-    with torch.device("meta"):
-        module = factory()
     embeddings, dense = _untied_embeddings(module)
     return SparseFacts(_tables(embeddings, dict.fromkeys(embeddings, 0.0)), dense)
 

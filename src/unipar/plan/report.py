@@ -141,30 +141,10 @@ def describe(candidate: Candidate) -> str:
     return " ".join(parts)
 
 
-def plan(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    global_batch_size: int,
-    *,
-    constraints: Constraints | None = None,
-    keep: int = 8,
-    consider_servers: bool = True,
-) -> PlanReport:
-    """Choose how to train ``model`` on ``cluster``; nothing is allocated or run.
-    ``keep``: how many of the fitting plans the report ranks.
-
-    ``model`` is a :class:`~unipar.models.ModelSpec`: the reference configs make one with
-    ``.spec()``, or wrap your own factory with ``ModelSpec(name, factory, sample_shape)``.
-    ``consider_servers``: also price parameter servers for the gradient exchange
-    (:mod:`unipar.plan.grad_sync`; False where the run could not use them).
-    """
-    import time
-
-    if global_batch_size < 1:
-        raise ConfigError(f"global_batch_size must be >= 1, but got {global_batch_size}")
-    started = time.perf_counter()
-    profile = analyze(
-        model.factory,
+def model_profile(model: ModelSpec) -> ModelProfile:
+    """The analysis of ``model`` (its meta-device build) on one sample."""
+    return analyze(
+        model.meta_model,
         model.sample_shape,
         input_dtype=model.input_dtype,
         hidden=model.hidden,
@@ -174,6 +154,35 @@ def plan(
         attention_seq=model.attention_seq,
         causal_attention=model.causal_attention,
     )
+
+
+def plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    global_batch_size: int,
+    *,
+    constraints: Constraints | None = None,
+    keep: int = 8,
+    consider_servers: bool = True,
+    profile: ModelProfile | None = None,
+) -> PlanReport:
+    """Choose how to train ``model`` on ``cluster``; nothing is allocated or run.
+    ``keep``: how many of the fitting plans the report ranks.
+
+    ``model`` is a :class:`~unipar.models.ModelSpec`: the reference configs make one with
+    ``.spec()``, or wrap your own factory with ``ModelSpec(name, factory, sample_shape)``.
+    ``consider_servers``: also price parameter servers for the gradient exchange
+    (:mod:`unipar.plan.grad_sync`; False where the run could not use them).
+    ``profile``: the model's analysis when already made (:func:`model_profile`); planning
+    the same model for several clusters or sizes analyses it once.
+    """
+    import time
+
+    if global_batch_size < 1:
+        raise ConfigError(f"global_batch_size must be >= 1, but got {global_batch_size}")
+    started = time.perf_counter()
+    if profile is None:
+        profile = model_profile(model)
     analysis_time = time.perf_counter() - started
     result = search(profile, cluster, global_batch_size, constraints or Constraints(), keep=keep)
     decision = (

@@ -295,19 +295,14 @@ class AdaptiveStep:
         return stats
 
 
-def check_adaptive_loss(job: Job) -> None:
+def check_adaptive_loss(job: Job, meta_model: nn.Module, inputs: Any, targets: Any) -> None:
     """Refuse, before any worker starts, a loss that is not a mean over samples: the
-    model's output shape from the meta device, random outputs of that shape and two of
-    the dataset's targets (a model or dataset that fails here is left to the workers)."""
-    from torch.utils.data import default_collate
-
-    from unipar.analysis.profile import SkipInPlaceOnMeta
-
+    output shape of ``meta_model`` (the job's model on the meta device) on two of the
+    dataset's samples (``inputs``, ``targets``), random outputs of that shape, and those
+    targets (a model that fails here is left to the workers)."""
     try:
-        dataset = job.dataset()
-        inputs, targets = default_collate([dataset[0], dataset[min(1, len(dataset) - 1)]])
-        with torch.device("meta"), SkipInPlaceOnMeta():
-            out = job.model()(inputs.to("meta"))
+        with torch.device("meta"):
+            out = meta_model(inputs.to("meta"))
         out = getattr(out, "logits", out)
         outputs = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
     except Exception:

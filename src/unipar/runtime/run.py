@@ -8,27 +8,22 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from unipar import validate
-from unipar.errors import ConfigError, UniparError, UnsupportedPlanError
+from unipar.errors import UniparError, UnsupportedPlanError
 from unipar.job import Job
 from unipar.plan import GradSync, Plan, Strategy
-from unipar.plan.for_job import serves_embeddings
-from unipar.plan.resize import require_resizable, resize_plan, sizes_that_work
-from unipar.ray_cluster.session import ray_session
-from unipar.runtime.adaptive import check_adaptive_loss
-from unipar.runtime.checkpoint import ensure_writable, resume_point
-from unipar.runtime.config import RunConfig, default_run_dir
+from unipar.plan.for_job import plan_job
+from unipar.plan.resize import resize_plan, sizes_that_work
+from unipar.ray_cluster.live import live_cluster_spec
+from unipar.ray_cluster.session import ray_session, require_resources
+from unipar.runtime.checkpoint import ensure_writable
+from unipar.runtime.config import RunConfig
 from unipar.runtime.controller import Callback, Controller
 from unipar.runtime.elastic.controller import ElasticController
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
+from unipar.runtime.preflight import Preflight, first_plan_taken, preflight
 from unipar.runtime.progress import format_summary
 from unipar.runtime.run_trace import write_run_trace
 from unipar.runtime.servers.fit import run_on_servers
-from unipar.runtime.servers.for_job import check_worth_serving_job, server_optimizer
-from unipar.runtime.tracing import traced_steps
-from unipar.runtime.worker_group import check_cluster_resources
-from unipar.validate import check_fit_inputs, check_plan_for_run, check_size_target
-from unipar.viz.draw import require_plot_extra
 from unipar.viz.trace import TraceOutputs
 
 
@@ -72,27 +67,17 @@ class FitResult:
 
 def fit(
     job: Job,
+    config: RunConfig | None = None,
     *,
-    workers: int | tuple[int, int] = 2,
-    plan: Plan | Strategy | str | None = None,
-    cpus_per_worker: float = 1.0,
-    gpus_per_worker: float = 0.0,
-    run_dir: str | Path | None = None,
-    checkpoint_dir: str | Path | None = None,
-    checkpoint_every: int | None = None,
-    keep_checkpoints: int = 3,
-    resume: bool | str | Path = False,
-    max_failures: int = 3,
-    address: str | None = None,
-    progress: bool = True,
-    placement_timeout_s: float = 60.0,
     callbacks: Sequence[Callback] = (),
-    elastic: bool = True,
-    snapshot_every: int | None = None,
-    trace_steps: int | None = None,
     size_target: Callable[[], int | None] | None = None,
+    **settings: Any,
 ) -> FitResult:
-    """Train ``job`` on ``workers`` Ray worker processes and return its history.
+    """Train ``job`` on Ray worker processes and return its history.
+
+    ``config``: the run's settings (:class:`~unipar.runtime.config.RunConfig`: workers,
+    plan, checkpoints, recovery, ...; default: its defaults); ``settings``: any of its
+    fields by name, over ``config`` (``fit(job, workers=4, plan="auto")``).
 
     ``plan``: a :class:`Plan`; or a :class:`Strategy` (``"auto"``, ``"ddp"``, ``"fsdp"``,
     ``"tp"``, ``"pp"``) for the planner to complete on the connected cluster, its
@@ -100,7 +85,7 @@ def fit(
 
     ``workers``: a number, or a range ``(least, most)``: the run starts on as many as
     the cluster has room for, shrinks when workers are lost or their node drains, and
-    grows when room comes back (see :mod:`unipar.runtime.elastic.controller`); a fixed number
+    grows when room comes back (see :mod:`unipar.runtime.elastic`); a fixed number
     recovers live too, with a replacement worker. ``elastic=False``: the old restart
     of the whole gang from the newest disk checkpoint.
 
@@ -109,77 +94,39 @@ def fit(
     (measured under the cost model's prediction) and the measured vs predicted table,
     also in :meth:`FitResult.summary`. Off (``None``), nothing is timed.
 
-    ``size_target``: an outside bound on an elastic run's size, asked at every poll (0.5 s)
-    (see :mod:`unipar.runtime.elastic.size_target`; the shared cluster's scheduler sets it).
+    ``callbacks``: :class:`~unipar.runtime.controller.Callback` objects told of each
+    step, failure and resize. ``size_target``: an outside bound on an elastic run's size,
+    asked at every poll (0.5 s) (see :mod:`unipar.runtime.elastic.size_target`; the
+    shared cluster's scheduler sets it).
 
     Joins the Ray instance of this process if there is one, else ``address``, else
-    starts an embedded local cluster. Every input is checked (:mod:`unipar.validate`)
-    before anything is started or written: a bad one raises
-    :class:`~unipar.errors.UniparError`. ``placement_timeout_s``: how long to wait,
-    saying so, when other jobs hold the resources this run needs.
+    starts an embedded local cluster. Every input is checked (:func:`preflight`) before
+    anything is started or written: a bad one raises
+    :class:`~unipar.errors.UniparError`.
     """
-    check_fit_inputs(job, plan, callbacks, address)
-    check_size_target(size_target)
-    if job.adaptive is not None:
-        check_adaptive_loss(job)
-    least, most = validate.worker_range(workers)
-    config = RunConfig(
-        workers=most,
-        min_workers=least,
-        elastic=elastic,
-        snapshot_every=snapshot_every,
-        trace_steps=trace_steps,
-        cpus_per_worker=cpus_per_worker,
-        gpus_per_worker=gpus_per_worker,
-        run_dir=default_run_dir(job.name) if run_dir is None else run_dir,
-        checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every,
-        keep_checkpoints=keep_checkpoints,
-        resume=resume,
-        max_failures=max_failures,
-        progress=progress,
-        placement_timeout_s=placement_timeout_s,
-    )
-    if config.trace_steps is not None:
-        traced_steps(config.trace_steps, 0, job.steps)  # not more steps than the run has
-        require_plot_extra()  # it draws timeline.png at the end: say so before training
-    run_dir = config.run_dir.resolve()
-    config = replace(config, run_dir=run_dir)
-    strategy = None if plan is None or isinstance(plan, Plan) else Strategy.parse(plan)
-    if plan is None:
-        plan = Plan.data_parallel(most, job.global_batch_size)
-    if isinstance(plan, Plan):
-        check_plan_for_run(plan, (config.least_workers, config.workers), job.global_batch_size)
-        if plan.grad_sync is GradSync.PARAMETER_SERVER:
-            server_optimizer(job)  # the job's rules for servers, before anything starts
-            check_worth_serving_job(job)
-            refusal = _servers_run_refusal(config, callbacks, size_target)
-            if refusal:
-                raise ConfigError(
-                    f"a parameter-server run takes no {refusal}; leave it out, or pass "
-                    "grad_sync='all_reduce'"
-                )
-        if plan.replica_samples and job.adaptive is not None:
-            raise ConfigError(
-                "an adaptive batch changes every replica's share as it grows; it cannot "
-                f"keep the plan's uneven replica_samples {list(plan.replica_samples)}: "
-                "leave out one of them"
-            )
-        _check_model_takes_plan(job, plan)
-        if config.elastic:
-            require_resizable(plan, config.least_workers, config.workers)
-    resume_from = resume_point(config.resume, config.checkpoints)
+    config = (RunConfig() if config is None else config).replace(**settings)
+    return run(preflight(job, config, callbacks=callbacks, size_target=size_target))
+
+
+def run(pre: Preflight) -> FitResult:
+    """Train the run ``pre`` describes (see :func:`fit`)."""
+    job, config = pre.job, pre.config
+    run_dir = config.run_dir
     created = _missing_directories(config.checkpoints, run_dir)
     metrics = MetricsWriter(run_dir / "metrics.jsonl")
     started = time.perf_counter()
-    explanation = None
+    plan, strategy, explanation = pre.plan, pre.strategy, None
     try:
-        with ray_session(address):
-            check_cluster_resources(config)
+        with ray_session(config.address):
+            require_resources(
+                {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker},
+                config.least_workers,
+                "worker",
+            )
             ensure_writable(config.checkpoints)
-            servers = strategy is not None and servers_usable(job, config, callbacks, size_target)
+            servers = strategy is not None and pre.servers_usable()
             if strategy is not None and (not config.elastic or servers):
-                planned, said = _plan_on_live_cluster(job, config, strategy, servers=servers)
+                planned, said = _plan_on_live_cluster(pre, config, strategy, servers=servers)
                 if not config.elastic or planned.grad_sync is GradSync.PARAMETER_SERVER:
                     plan, explanation, strategy = planned, said, None
                     print(explanation, flush=True)
@@ -200,19 +147,25 @@ def fit(
                     explanation=explanation,
                 )
             if config.elastic:
-                plan_for = _ElasticPlans(job, config, plan if strategy is None else strategy)
+                plan_for = _ElasticPlans(pre, plan if strategy is None else strategy)
                 controller: Controller | ElasticController = ElasticController(
                     job,
                     config,
                     plan_for=plan_for,
-                    resume_from=resume_from,
+                    resume_from=pre.resume_from,
                     metrics=metrics,
-                    callbacks=callbacks,
-                    size_target=size_target,
+                    callbacks=pre.callbacks,
+                    size_target=pre.size_target,
                 )
             else:
+                assert isinstance(plan, Plan)
                 controller = Controller(
-                    job, plan, config, resume_from=resume_from, metrics=metrics, callbacks=callbacks
+                    job,
+                    plan,
+                    config,
+                    resume_from=pre.resume_from,
+                    metrics=metrics,
+                    callbacks=pre.callbacks,
                 )
             try:
                 outcome = controller.run()
@@ -222,10 +175,14 @@ def fit(
                 plan, explanation = controller.plan or plan, plan_for.explanation
             trace = None
             if config.trace_steps is not None and controller.state.trace:
-                trace = write_run_trace(job, plan, config, controller.state.trace, run_dir)
+                assert isinstance(plan, Plan)
+                trace = write_run_trace(
+                    lambda: pre.facts.profile, plan, config, controller.state.trace, run_dir
+                )
     except BaseException:
         _remove_if_empty(created)  # a failed start leaves no empty run directory behind
         raise
+    assert isinstance(plan, Plan)
     history = tuple(controller.state.history[s] for s in sorted(controller.state.history))
     return FitResult(
         history=history,
@@ -246,8 +203,8 @@ class _ElasticPlans:
     """The plan for each size an elastic gang takes: the planner's choice on the live
     cluster for a strategy, else the given plan re-derived for the size."""
 
-    def __init__(self, job: Job, config: RunConfig, plan: Plan | Strategy) -> None:
-        self.job, self.config, self.plan = job, config, plan
+    def __init__(self, pre: Preflight, plan: Plan | Strategy) -> None:
+        self.pre, self.config, self.plan = pre, pre.config, plan
         self.explanation: str | None = None
         self._plans: dict[int, Plan] = {}
         self._refused: dict[int, UniparError] = {}  # sizes with no plan, asked once
@@ -266,7 +223,7 @@ class _ElasticPlans:
     def _derive(self, workers: int) -> Plan:
         if isinstance(self.plan, Strategy):
             sized = replace(self.config, workers=workers, min_workers=None)
-            plan, explanation = _plan_on_live_cluster(self.job, sized, self.plan, servers=False)
+            plan, explanation = _plan_on_live_cluster(self.pre, sized, self.plan, servers=False)
             if self.explanation is None:
                 print(explanation, flush=True)
             self.explanation = explanation
@@ -281,41 +238,6 @@ class _ElasticPlans:
                 f"{', '.join(map(str, works)) or 'none'}"
             )
         return resized
-
-
-def servers_usable(
-    job: Job,
-    config: RunConfig,
-    callbacks: Sequence[Callback],
-    size_target: Callable[[], int | None] | None,
-) -> bool:
-    """Whether the planner may put this run on parameter servers: a model with tables
-    worth serving, a job the servers can train (:func:`server_optimizer`), and none of
-    the run options their path lacks (resume, callbacks, tracing, an outside size)."""
-    if _servers_run_refusal(config, callbacks, size_target):
-        return False
-    try:
-        server_optimizer(job)
-        return serves_embeddings(job)
-    except ConfigError:
-        return False
-    except Exception:  # a model or dataset that fails here is left to the planner/workers
-        return False
-
-
-def _servers_run_refusal(
-    config: RunConfig,
-    callbacks: Sequence[Callback],
-    size_target: Callable[[], int | None] | None,
-) -> str:
-    """The run option the parameter-server path lacks, if any ('' when none)."""
-    if config.resume:
-        return f"resume (got {config.resume!r}: its servers restore their own snapshots)"
-    if callbacks:
-        return f"callbacks (got {len(callbacks)})"
-    if config.trace_steps is not None:
-        return f"trace_steps (got {config.trace_steps})"
-    return "size_target (an elastic bound)" if size_target else ""
 
 
 def _missing_directories(*paths: Path) -> list[Path]:
@@ -336,52 +258,22 @@ def _remove_if_empty(directories: list[Path]) -> None:
             directory.rmdir()
 
 
-def _check_model_takes_plan(job: Job, plan: Plan) -> None:
-    """Refuse, before any worker starts, a tensor or pipeline parallel plan the job's
-    model cannot take (built on the meta device: no memory, no compute). A model
-    factory that fails here is left for the workers to report."""
-    if plan.mesh.tp == 1 and plan.mesh.pp == 1:
-        return
-    import torch
-
-    from unipar.analysis.profile import SkipInPlaceOnMeta
-    from unipar.runtime.parallel.parallelize import check_plan_for_model
-
-    try:
-        with torch.device("meta"), SkipInPlaceOnMeta():
-            model = job.model()
-    except Exception:
-        return
-    check_plan_for_model(model, plan)
-
-
 def _plan_on_live_cluster(
-    job: Job, config: RunConfig, strategy: Strategy, *, servers: bool
+    pre: Preflight, config: RunConfig, strategy: Strategy, *, servers: bool
 ) -> tuple[Plan, str]:
-    """The planner's choice for ``job`` on the connected cluster, and its explanation;
-    ``servers``: parameter servers may be chosen for the gradient exchange."""
-    from unipar.plan.for_job import plan_job
-    from unipar.ray_cluster.live import live_cluster_spec
-
+    """The planner's choice for the job on the connected cluster (of ``config``'s size),
+    and its explanation; ``servers``: parameter servers may be chosen for the gradient
+    exchange. The job's facts are the preflight's: no second build of the model."""
     cluster = live_cluster_spec(
         config.workers,
         cpus_per_worker=config.cpus_per_worker,
         gpus_per_worker=config.gpus_per_worker,
     )
-    report = plan_job(job, cluster, strategy, consider_servers=servers)
+    report = plan_job(pre.facts, cluster, strategy, consider_servers=servers)
     explanation = report.explain()
     ranked = dict.fromkeys([report.best.plan, *(c.plan for c in report.result.ranked)])
-    refusals = []
-    for plan in ranked:  # the first the model takes (tp must divide its layers' widths)
-        try:
-            _check_model_takes_plan(job, plan)
-        except UnsupportedPlanError as error:
-            refusals.append(f"{plan.mesh}: {error}")
-            continue
-        if refusals:
-            explanation += "\n\nthe model cannot take " + "; ".join(refusals)
-            explanation += f"\nrunning the next ranked plan: {plan.mesh}"
-        return plan, explanation
-    raise UnsupportedPlanError(
-        "the model takes none of the plans the planner ranked: " + "; ".join(refusals)
-    )
+    plan, refusals = first_plan_taken(pre, list(ranked))
+    if refusals:
+        explanation += "\n\nthe model cannot take " + "; ".join(refusals)
+        explanation += f"\nrunning the next ranked plan: {plan.mesh}"
+    return plan, explanation

@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 
 DEFAULT_STATE_DIR = Path.home() / ".unipar"
 DEFAULT_INTERVAL_S = 10.0
-# ``fit`` options a submitted job may set; the service sets the others.
-FIT_OPTIONS = ("checkpoint_every", "keep_checkpoints", "max_failures", "snapshot_every")
 _RELATIVE = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -241,12 +239,7 @@ def submit(
     sizes = worker_sizes(least, most, job.global_batch_size)
     validate.integer("priority", priority)
     when = parse_deadline(deadline)
-    unknown = sorted(set(fit_options) - set(FIT_OPTIONS))
-    if unknown:
-        raise ConfigError(
-            f"submit passes only {', '.join(FIT_OPTIONS)} on to fit, but got {unknown}; the "
-            "scheduler sets the workers, the run directory and the size"
-        )
+    _preflight(job, least, most, fit_options)
     connect(address, Path(state_dir) if state_dir else None)
     actor = scheduler()
     slots = cluster_slots()
@@ -262,6 +255,22 @@ def submit(
     )
     blob = ray.cloudpickle.dumps((ray.cloudpickle.dumps(job), fit_options))
     return JobHandle(call(actor.submit.remote(row, blob)))
+
+
+def _preflight(job: Job, least: int, most: int, fit_options: dict[str, Any]) -> None:
+    """What the job's ``fit`` on the cluster would refuse, refused before it is queued:
+    only the run settings marked for submitted jobs pass (the scheduler sets the others)."""
+    from unipar.runtime.config import RunConfig, submit_fields
+    from unipar.runtime.preflight import preflight
+
+    allowed = submit_fields()
+    unknown = sorted(set(fit_options) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"submit passes only {', '.join(allowed)} on to fit, but got {unknown}; the "
+            "scheduler sets the workers, the run directory and the size"
+        )
+    preflight(job, RunConfig(workers=(least, most), **fit_options))
 
 
 def jobs() -> list[JobRow]:

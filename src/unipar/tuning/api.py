@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from unipar.errors import ConfigError
+from unipar.runtime.config import RunConfig
 from unipar.tuning.choices import (
     SchedulerKind,
     SearcherKind,
@@ -32,7 +33,7 @@ from unipar.tuning.report import (
     write_results,
 )
 from unipar.tuning.space import SearchSpace, load_space
-from unipar.tuning.trainable import REPORTED, MakeJob, TrialSettings, gang_resources, run_trial
+from unipar.tuning.trainable import REPORTED, MakeJob, gang_resources, run_trial
 from unipar.viz.draw import require_plot_extra
 
 
@@ -113,17 +114,12 @@ def tune(
     if plot:
         require_plot_extra()  # the curves are drawn at the end: say so before any trial
     job = _first_job(make_job, space_)
-    _check_trial_run(job, plan, workers_per_trial, cpus_per_worker, gpus_per_worker)
+    settings = _trial_settings(
+        job, plan, workers_per_trial, cpus_per_worker, gpus_per_worker, max_failures
+    )
     most_steps = _most_steps(make_job, space_, job.steps)  # a searched `steps` varies it
     name = name or f"{job.name}-tune"
     experiment = Path(storage_path).resolve() / name
-    settings = TrialSettings(
-        workers=workers_per_trial,
-        plan=plan,
-        cpus_per_worker=cpus_per_worker,
-        gpus_per_worker=gpus_per_worker,
-        max_failures=max_failures,
-    )
     with ray_session(address):
         from unipar.ray_cluster.session import require_resources
 
@@ -179,16 +175,23 @@ def _check_settings(
         )
 
 
-def _check_trial_run(job: Any, plan: Any, workers: int, cpus: float, gpus: float) -> None:
-    """What each trial's ``fit`` would refuse, refused once before any trial starts."""
-    from unipar.plan import Plan
-    from unipar.runtime.config import RunConfig
-    from unipar.validate import check_fit_inputs, check_plan_for_run
+def _trial_settings(
+    job: Any, plan: Any, workers: int, cpus: float, gpus: float, max_failures: int
+) -> RunConfig:
+    """Every trial's run settings, and what each trial's ``fit`` would refuse, refused
+    once before any trial starts (the preflight of the first job)."""
+    from unipar.runtime.preflight import preflight
 
-    check_fit_inputs(job, plan, (), None)
-    RunConfig(workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus)  # checks them
-    if isinstance(plan, Plan):
-        check_plan_for_run(plan, workers, job.global_batch_size)
+    settings = RunConfig(
+        workers=workers,
+        plan=plan,
+        cpus_per_worker=cpus,
+        gpus_per_worker=gpus,
+        max_failures=max_failures,
+        progress=False,
+    )
+    preflight(job, settings)
+    return settings
 
 
 def _check_pairing(searcher: SearcherKind, scheduler: SchedulerKind) -> None:

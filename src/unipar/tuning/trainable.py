@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from unipar.job import Job
+from unipar.runtime.config import RunConfig
 from unipar.runtime.controller import Callback
 from unipar.runtime.metrics import StepMetrics
 
@@ -34,16 +35,7 @@ def checkpoint_plan(steps: int) -> tuple[int, int]:
     return every, -(-steps // every)  # the multiples of ``every``, and the last step
 
 
-@dataclass(frozen=True)
-class TrialSettings:
-    workers: int
-    plan: Any = None  # as fit takes it: a Plan, a strategy name, or None (data parallel)
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-    max_failures: int = 3
-
-
-def gang_resources(settings: TrialSettings) -> Any:
+def gang_resources(settings: RunConfig) -> Any:
     """The trial's resources as one gang: an empty head bundle, then one per worker."""
     from ray.tune import PlacementGroupFactory
 
@@ -95,9 +87,10 @@ def _step_of(checkpoint: Path) -> int:
     return int(checkpoint.name[-8:])
 
 
-def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSettings) -> None:
+def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: RunConfig) -> None:
     """The function trainable: build the trial's job, resume from Tune's checkpoint (its
-    own after a restart, a donor's after a PBT exploit), train and report."""
+    own after a restart, a donor's after a PBT exploit), train and report. ``settings``:
+    every trial's run settings (the trial sets its directories and checkpoints)."""
     from ray import tune
 
     from unipar.runtime.checkpoint import read_checkpoint
@@ -119,16 +112,11 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSetti
         resumed_from = read_checkpoint(local).step
     fit(
         job,
-        workers=settings.workers,
-        plan=settings.plan,
-        cpus_per_worker=settings.cpus_per_worker,
-        gpus_per_worker=settings.gpus_per_worker,
+        settings,
         run_dir=run_dir,
         checkpoint_dir=run_dir / "checkpoints",
         checkpoint_every=every,
         keep_checkpoints=keep,
         resume=resume,
-        max_failures=settings.max_failures,
-        progress=False,
         callbacks=[_ReportToTune(run_dir / "checkpoints", resumed_from, job.steps)],
     )

@@ -10,8 +10,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from unipar.analysis.profile import ModelProfile
 from unipar.cluster.spec import ClusterSpec
 from unipar.errors import ConfigError
 from unipar.plan.representation import Plan
@@ -164,23 +164,11 @@ def write_trace(
     return TraceOutputs(path, picture, summary, tuple(records))
 
 
-def predicted_run_timeline(job: Any, plan: Plan, cluster: ClusterSpec) -> Timeline:
-    """The cost model's timeline of ``plan`` for ``job``'s model on ``cluster``."""
-    from unipar.analysis.profile import analyze
+def predicted_run_timeline(profile: ModelProfile, plan: Plan, cluster: ClusterSpec) -> Timeline:
+    """The cost model's timeline of ``plan`` for a model of ``profile`` on ``cluster``."""
     from unipar.plan.cost import CostModel
-    from unipar.plan.for_job import job_model_spec
     from unipar.plan.strategy_search import Candidate
     from unipar.viz.timeline import predicted_timeline, stage_layers
 
-    spec = job_model_spec(job)
-    profile = analyze(
-        spec.factory,
-        spec.sample_shape,
-        input_dtype=spec.input_dtype,
-        hidden=spec.hidden,
-        tp_divisibility=spec.tp_divisibility,
-        loss=spec.loss,
-        target=spec.target,
-    )
     estimate = CostModel(profile, cluster).estimate(plan, stage_layers(plan, len(profile.layers)))
     return predicted_timeline(Candidate(plan, estimate), profile, cluster, "predicted")

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from unipar.analysis.profile import SkipInPlaceOnMeta
+from unipar.analysis.meta import SkipInPlaceOnMeta
 from unipar.errors import UnsupportedPlanError
 from unipar.models import hf
 from unipar.plan import Plan

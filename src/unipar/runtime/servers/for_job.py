@@ -63,14 +63,14 @@ def server_optimizer(job: Job) -> ps_optim.OptimizerSpec:
     return ps_optim.OptimizerSpec(ps_optim.OptimizerKind.ADAM, lr=spec.lr, betas=spec.betas)
 
 
-def check_worth_serving_job(job: Job) -> None:
-    """Refuse servers for a model whose embedding tables (not tied to another layer)
-    hold under half the parameters: pulls and pushes would move about as many bytes
-    as an all-reduce."""
+def check_worth_serving_job(meta_model: nn.Module) -> None:
+    """Refuse servers for a model (built on the meta device) whose embedding tables (not
+    tied to another layer) hold under half the parameters: pulls and pushes would move
+    about as many bytes as an all-reduce."""
     from unipar.plan.grad_sync import parameter_facts
     from unipar.ps.worth import WORTH_SERVING_SHARE
 
-    facts = parameter_facts(job.model)
+    facts = parameter_facts(meta_model)
     if facts.table_share < WORTH_SERVING_SHARE:
         raise ConfigError(
             f"nothing worth a parameter server: the model's embedding tables hold "
