@@ -428,10 +428,14 @@ def test_fit_refuses_an_adaptive_job_with_a_summed_loss(workdir, no_ray):
 
 
 def test_every_fit_argument_has_a_bad_value_above():
+    """fit's own arguments and every run setting it takes by name (RunConfig's flags)."""
     import inspect
 
+    from unipar.runtime.config import cli_fields
+
     tried = {name for arguments, _, _ in FIT_ARGUMENTS for name in arguments}
-    assert set(inspect.signature(fit).parameters) == tried
+    own = set(inspect.signature(fit).parameters) - {"config", "settings"}
+    assert own | {f.name for f in cli_fields()} == tried
 
 
 @settings(

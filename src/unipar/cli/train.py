@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from unipar import validate
@@ -25,17 +24,8 @@ def _train(args: argparse.Namespace) -> int:
     from unipar.ray_cluster.session import start_ray
 
     config = _check_train_args(args)
-    # Ray's start is partly waiting on its own processes: load the job (importing torch)
-    # and run the preflight meanwhile. Ray stays on the main thread: its processes die
-    # with the thread that started them.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="unipar-load-job") as pool:
-        checking = pool.submit(_load_and_check, args, config)
-        try:
-            start_ray(config.address, checked=True)
-            pre = checking.result()
-        except BaseException:
-            ray.shutdown()
-            raise
+    pre = _load_and_check(args, config)  # bad input is answered before Ray starts
+    start_ray(config.address, checked=True)
     try:
         return _run_and_report(pre)
     finally:

@@ -219,9 +219,9 @@ class RunConfig:
 
     def for_job(self, job_name: str) -> RunConfig:
         """This config with its run directory chosen (``None``: a fresh
-        :func:`default_run_dir` for ``job_name``) and made absolute."""
+        :func:`default_run_dir` for ``job_name``), as given (relative or not)."""
         run_dir = default_run_dir(job_name) if self.run_dir is None else Path(self.run_dir)
-        return dataclasses.replace(self, run_dir=run_dir.resolve())
+        return dataclasses.replace(self, run_dir=run_dir)
 
     def replace(self, **changes: Any) -> RunConfig:
         """This config with ``changes`` (field names; ``workers`` may be a range);

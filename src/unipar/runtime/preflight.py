@@ -110,8 +110,9 @@ def preflight(
         require_plot_extra()  # it draws timeline.png at the end: say so before training
     if isinstance(pre.plan, Plan):
         _check_plan(pre, pre.plan)
-    resume_from = resume_point(config.resume, config.checkpoints)
-    return _with(pre, resume_from=resume_from)
+    resume_from = resume_point(config.resume, config.checkpoints)  # paths as the user gave
+    resolved = replace(config, run_dir=config.run_dir.resolve())
+    return _with(pre, config=resolved, resume_from=resume_from)
 
 
 def _with(pre: Preflight, **changes: object) -> Preflight:
