@@ -115,14 +115,28 @@ def _makefile_targets() -> set[str]:
     return set(re.findall(r"^([A-Za-z][\w-]*):", text, re.M))
 
 
-def check_command(argv: list[str], block: Block) -> None:
-    """Each command of a bash block is one the project knows, with arguments it takes."""
+def _strict_parser():  # type: ignore[no-untyped-def]
+    """unipar's parser, taking only whole flag names: argparse's default also takes a
+    prefix (``--max-batch`` for a flag renamed ``--max-batch-size``), which would hide a
+    renamed flag from this check."""
+    import argparse
+
     from unipar.cli.main import build_parser
 
+    parser = build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                command.allow_abbrev = False
+    return parser
+
+
+def check_command(argv: list[str], block: Block) -> None:
+    """Each command of a bash block is one the project knows, with arguments it takes."""
     program, args = argv[0], _redirected(argv)[0][1:]
     if program == "unipar":
         try:
-            build_parser().parse_args(args)
+            _strict_parser().parse_args(args)
         except SystemExit as stop:
             pytest.fail(f"{block.where}: `{shlex.join(argv)}` does not parse (exit {stop.code})")
     elif program == "make":
