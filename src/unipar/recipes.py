@@ -21,8 +21,9 @@ def _stdlib_text(seq_len: int) -> ByteTextDataset:
 
 def gpt_stdlib(steps: int = 200, global_batch_size: int = 32, seed: int = 0) -> Job:
     """A 0.8M-parameter byte-level GPT learning Python from the standard library."""
-    from unipar.job import Job, LRSchedule, OptimizerSpec, ScheduleKind
+    from unipar.job import Job
     from unipar.models.gpt import GPT, GPTConfig
+    from unipar.optimizer import LRSchedule, OptimizerSpec, ScheduleKind
 
     config = GPTConfig(vocab_size=256, seq_len=128, hidden=128, layers=4, heads=4)
     return Job(

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from unipar import validate
+from unipar import checks
 from unipar.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -110,8 +110,8 @@ def check_plan_args(args: argparse.Namespace) -> None:
     """Every flag of ``unipar plan``, before a model is built or a CPU calibrated."""
     sizes = [*_SIZES, "global_batch", "nodes"]
     sizes += [name for name in _OPTIONAL_SIZES if getattr(args, name) is not None]
-    validate.positive_ints("", ((_flag(name), getattr(args, name)) for name in sizes))
-    validate.number("--dropout", args.dropout, minimum=0, below=1)
+    checks.positive_ints("", ((_flag(name), getattr(args, name)) for name in sizes))
+    checks.number("--dropout", args.dropout, minimum=0, below=1)
 
 
 def _flag(name: str) -> str:
@@ -157,7 +157,9 @@ def run_plan(args: argparse.Namespace) -> int:
                   "another)")
         print(report.explain() + (f"\n\n{versus}" if versus else ""))
     if args.plot:
-        pictures = report.plot(args.plot)
+        from unipar.viz.plan_pictures import plot_plan
+
+        pictures = plot_plan(report, args.plot)
         if not args.json:
             print(f"pictures: {pictures.timeline}, {pictures.memory}, {pictures.breakdown}")
     return 0

@@ -75,7 +75,7 @@ def _up(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from unipar import validate
+    from unipar import checks
     from unipar.job_file import check_target, load_job
     from unipar.service import client
 
@@ -85,7 +85,7 @@ def _submit(args: argparse.Namespace) -> int:
     client.connect(args.address, args.state_dir)  # no cluster: said before loading the job
     job = load_job(args.target)
     if args.steps is not None:
-        job = dataclasses.replace(job, steps=validate.integer("--steps", args.steps, minimum=1))
+        job = dataclasses.replace(job, steps=checks.integer("--steps", args.steps, minimum=1))
     handle = client.submit(job, workers=(least, most), priority=args.priority,
                            deadline=args.deadline, user=args.user, address=args.address,
                            state_dir=args.state_dir)

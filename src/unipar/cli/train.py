@@ -8,10 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from unipar import validate
+from unipar import checks
 from unipar.errors import ConfigError
 from unipar.job_file import check_target, load_job
 from unipar.plan import Plan, Strategy
+from unipar.plan.runtime_support import check_plan_for_run
+from unipar.ray_cluster.address import check_address, check_cluster
 
 if TYPE_CHECKING:
     from unipar.job import Job
@@ -48,14 +50,12 @@ def _check_train_args(
 ) -> tuple[Plan | Strategy, dict[str, Any], RunConfig, str | None]:
     """Every input of ``unipar train`` that can be checked before Ray starts: the plan,
     the run options (and their config), and the cluster's address, probed."""
-    from unipar.ray_cluster.address import check_cluster
-
     check_target(args.target)
-    validate.check_address(args.address)
+    check_address(args.address)
     if args.steps is not None:
-        validate.integer("--steps", args.steps, minimum=1)
+        checks.integer("--steps", args.steps, minimum=1)
     if args.max_batch is not None:
-        validate.integer("--max-batch", args.max_batch, minimum=1)
+        checks.integer("--max-batch", args.max_batch, minimum=1)
         if not args.adaptive_batch:
             raise ConfigError(
                 f"--max-batch bounds the adaptive batch, but got --max-batch {args.max_batch} "
@@ -69,7 +69,7 @@ def _check_train_args(
 
         traced_steps(config.trace_steps, 0, args.steps)
     if isinstance(plan, Plan):
-        validate.check_plan_for_run(plan, (config.least_workers, config.workers))
+        check_plan_for_run(plan, (config.least_workers, config.workers))
     if config.resume or "run_dir" in options or "checkpoint_dir" in options:
         from unipar.runtime.checkpoint import resume_point
 

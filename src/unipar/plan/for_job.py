@@ -11,8 +11,10 @@ from unipar.errors import ConfigError
 from unipar.job import Job
 from unipar.models.hf import hf_model_facts
 from unipar.models.spec import ModelSpec
+from unipar.plan.grad_sync import parameter_facts
 from unipar.plan.presets import Strategy, constraints_for
 from unipar.plan.report import PlanReport, plan
+from unipar.plan.sync_cost import WORTH_SERVING_SHARE
 
 
 def job_model_spec(job: Job) -> ModelSpec:
@@ -44,9 +46,6 @@ def job_model_spec(job: Job) -> ModelSpec:
 def serves_embeddings(job: Job) -> bool:
     """Whether ``job``'s model has embedding tables worth parameter servers (the planner
     then prices them; see :mod:`unipar.plan.grad_sync`)."""
-    from unipar.plan.grad_sync import parameter_facts
-    from unipar.ps.worth import WORTH_SERVING_SHARE
-
     return parameter_facts(job.model).table_share >= WORTH_SERVING_SHARE
 
 

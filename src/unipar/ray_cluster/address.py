@@ -25,7 +25,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-from unipar.errors import ResourceError
+from unipar.errors import ConfigError, ResourceError
 
 CONNECT_TIMEOUT_S = 3.0
 HANDSHAKE_TIMEOUT_S = 3.0
@@ -38,6 +38,22 @@ _START_ONE = (
 # HTTP/2 client preface and an empty SETTINGS frame (RFC 9113, sections 3.4 and 6.5).
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 _SETTINGS = 4
+
+
+def check_address(address: Any) -> str | None:
+    """``None`` (start a local cluster), ``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``."""
+    if address is None:
+        return None
+    if isinstance(address, str) and address in ("auto", "local"):
+        return address
+    host, _, port = str(address).removeprefix("ray://").rpartition(":")
+    if not isinstance(address, str) or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(
+            f"address must be HOST:PORT of a Ray cluster's head (e.g. 10.0.0.5:6379), "
+            f"'ray://HOST:PORT' or 'auto', but got {address!r}; leave it out to start a "
+            "local cluster"
+        )
+    return address
 
 
 def split_address(address: str) -> tuple[str, int]:

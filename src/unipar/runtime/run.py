@@ -8,18 +8,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from unipar import validate
 from unipar.errors import ConfigError, UniparError, UnsupportedPlanError
 from unipar.job import Job
 from unipar.plan import GradSync, Plan, Strategy
 from unipar.plan.for_job import serves_embeddings
 from unipar.plan.resize import require_resizable, resize_plan, sizes_that_work
+from unipar.plan.runtime_support import check_plan_for_run
 from unipar.ray_cluster.session import ray_session
 from unipar.runtime.adaptive import check_adaptive_loss
 from unipar.runtime.checkpoint import ensure_writable, resume_point
-from unipar.runtime.config import RunConfig, default_run_dir
+from unipar.runtime.config import RunConfig, default_run_dir, worker_range
 from unipar.runtime.controller import Callback, Controller
 from unipar.runtime.elastic.controller import ElasticController
+from unipar.runtime.fit_inputs import check_fit_inputs, check_size_target
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.progress import format_summary
 from unipar.runtime.run_trace import write_run_trace
@@ -27,7 +28,6 @@ from unipar.runtime.servers.fit import run_on_servers
 from unipar.runtime.servers.for_job import check_worth_serving_job, server_optimizer
 from unipar.runtime.tracing import traced_steps
 from unipar.runtime.worker_group import check_cluster_resources
-from unipar.validate import check_fit_inputs, check_plan_for_run, check_size_target
 from unipar.viz.draw import require_plot_extra
 from unipar.viz.trace import TraceOutputs
 
@@ -113,8 +113,8 @@ def fit(
     (see :mod:`unipar.runtime.elastic.size_target`; the shared cluster's scheduler sets it).
 
     Joins the Ray instance of this process if there is one, else ``address``, else
-    starts an embedded local cluster. Every input is checked (:mod:`unipar.validate`)
-    before anything is started or written: a bad one raises
+    starts an embedded local cluster. Every input is checked (by its type, or
+    :mod:`unipar.runtime.fit_inputs`) before anything is started or written: a bad one raises
     :class:`~unipar.errors.UniparError`. ``placement_timeout_s``: how long to wait,
     saying so, when other jobs hold the resources this run needs.
     """
@@ -122,7 +122,7 @@ def fit(
     check_size_target(size_target)
     if job.adaptive is not None:
         check_adaptive_loss(job)
-    least, most = validate.worker_range(workers)
+    least, most = worker_range(workers)
     config = RunConfig(
         workers=most,
         min_workers=least,

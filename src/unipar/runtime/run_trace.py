@@ -12,7 +12,7 @@ from typing import Any
 from unipar.job import Job
 from unipar.plan import Plan
 from unipar.runtime.config import RunConfig
-from unipar.runtime.tracing import TraceRecord
+from unipar.viz.records import TraceRecord
 from unipar.viz.trace import TraceOutputs, predicted_run_timeline, write_trace
 
 

@@ -1,6 +1,7 @@
 """Measured step timelines: when each micro-batch's forward and backward, the gradient
 sync and the optimizer start and end on each rank. No Ray, no drawing here
-(:mod:`unipar.viz.trace` turns the records into ``trace.json`` and pictures).
+(:mod:`unipar.viz.trace` turns the records, :mod:`unipar.viz.records`, into
+``trace.json`` and pictures).
 
 Off by default, and then it costs nothing: nothing is wrapped or hooked, the training
 code holds ``None`` instead of a tracer. On, it wraps this rank's own pipeline stage
@@ -17,35 +18,10 @@ import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from unipar.errors import ConfigError
-
-
-class TracedAction(Enum):
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    GRAD_SYNC = "grad sync"
-    OPTIMIZER = "optimizer"
-
-
-@dataclass(frozen=True)
-class TraceRecord:
-    rank: int  # pipeline rank
-    stage: int
-    action: TracedAction
-    microbatch: int | None
-    step: int
-    start_ns: int
-    end_ns: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**vars(self), "action": self.action.value}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TraceRecord:
-        return cls(**{**data, "action": TracedAction(data["action"])})
+from unipar.viz.records import TracedAction, TraceRecord
 
 
 def traced_steps(trace_steps: int, first_step: int, last_step: int) -> range:

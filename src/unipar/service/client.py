@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from unipar import validate
+from unipar import checks
 from unipar.errors import ConfigError, ResourceError, UniparError
+from unipar.ray_cluster.address import check_address
+from unipar.runtime.config import worker_range
 from unipar.sched.policies import PolicyName
 from unipar.service.decide import worker_sizes
 from unipar.service.scheduler import NAMESPACE, SCHEDULER_NAME, Scheduler, cluster_slots, head
@@ -74,9 +76,9 @@ def _stamp(when: float) -> str:
 
 
 def check_workers(workers: int | tuple[int, int]) -> tuple[int, int]:
-    least, most = validate.worker_range(workers)
-    most = validate.integer("workers", most, minimum=1)
-    least = most if least is None else validate.integer("the fewest workers", least, minimum=1)
+    least, most = worker_range(workers)
+    most = checks.integer("workers", most, minimum=1)
+    least = most if least is None else checks.integer("the fewest workers", least, minimum=1)
     if least > most:
         raise ConfigError(
             f"the fewest workers must not exceed the most, but got {least}:{most}; pass "
@@ -104,7 +106,7 @@ def connect(address: str | None = None, state_dir: Path | None = None) -> None:
                 "pass --address HOST:PORT of a cluster where it ran"
             )
         address = recorded.read_text().strip()
-    validate.check_address(address)
+    check_address(address)
     try:
         start_ray(address)
     except ResourceError as error:
@@ -146,7 +148,7 @@ def up(
     machine with ``ray start --head``); a scheduler already up is left as it is."""
     state = Path(state_dir or DEFAULT_STATE_DIR).expanduser().resolve()
     policy = PolicyName(policy)
-    validate.number("interval_s", interval_s, minimum=0.05)
+    checks.number("interval_s", interval_s, minimum=0.05)
     if not ray.is_initialized():
         if address is None:
             address = _start_head(port, num_cpus)
@@ -239,7 +241,7 @@ def submit(
         raise ConfigError(f"submit takes a unipar.Job, but got {type(job).__name__}")
     least, most = check_workers(workers)
     sizes = worker_sizes(least, most, job.global_batch_size)
-    validate.integer("priority", priority)
+    checks.integer("priority", priority)
     when = parse_deadline(deadline)
     unknown = sorted(set(fit_options) - set(FIT_OPTIONS))
     if unknown:

@@ -182,8 +182,9 @@ def _check_settings(
 def _check_trial_run(job: Any, plan: Any, workers: int, cpus: float, gpus: float) -> None:
     """What each trial's ``fit`` would refuse, refused once before any trial starts."""
     from unipar.plan import Plan
+    from unipar.plan.runtime_support import check_plan_for_run
     from unipar.runtime.config import RunConfig
-    from unipar.validate import check_fit_inputs, check_plan_for_run
+    from unipar.runtime.fit_inputs import check_fit_inputs
 
     check_fit_inputs(job, plan, (), None)
     RunConfig(workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus)  # checks them

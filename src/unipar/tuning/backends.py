@@ -1,5 +1,6 @@
-"""Each parameter in the form a backend samples: a Ray Tune domain, an Optuna
-distribution, a HyperOpt expression. Each samples the values and the scale of Ray Tune's
+"""Each parameter in the form a backend samples: an Optuna distribution, a HyperOpt
+expression (and a Ray Tune domain, :meth:`~unipar.tuning.space.Param.tune_domain`). Each
+samples the values and the scale of Ray Tune's
 sampler of the same name (``ray.tune.search.sample``): the same bounds (an integer
 range's upper bound excluded, a quantized one's included unless q = 1), the multiples of
 q, and a log scale where Tune's is.
@@ -18,18 +19,6 @@ from unipar.errors import ConfigError
 from unipar.tuning.space import INTS, NORMALS, Param, ParamKind
 
 _INDEXED = (ParamKind.QLOGUNIFORM, ParamKind.QLOGRANDINT)  # Optuna samples their index
-
-
-def tune_domain(p: Param) -> Any:
-    from ray import tune
-
-    if p.kind is ParamKind.CHOICE:
-        return tune.choice(list(p.values))
-    if p.kind is ParamKind.GRID:
-        return tune.grid_search(list(p.values))
-    if p.kind is ParamKind.CONSTANT:
-        return p.values[0]
-    return getattr(tune, p.kind.value)(*p.values)
 
 
 def optuna_distribution(p: Param) -> Any:

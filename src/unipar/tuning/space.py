@@ -92,9 +92,16 @@ class Param:
         return tuple(self.values)
 
     def tune_domain(self) -> Any:
-        from unipar.tuning.backends import tune_domain
+        """Ray Tune's domain of this parameter (a value for a constant)."""
+        from ray import tune
 
-        return tune_domain(self)
+        if self.kind is ParamKind.CHOICE:
+            return tune.choice(list(self.values))
+        if self.kind is ParamKind.GRID:
+            return tune.grid_search(list(self.values))
+        if self.kind is ParamKind.CONSTANT:
+            return self.values[0]
+        return getattr(tune, self.kind.value)(*self.values)
 
 
 def _index(scaled: float, round_fn: Any) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 from unipar.cluster.spec import ClusterSpec
 from unipar.errors import ConfigError
 from unipar.plan.representation import Plan
-from unipar.runtime.tracing import TracedAction, TraceRecord
+from unipar.viz.records import TracedAction, TraceRecord
 from unipar.viz.timeline import Block, BlockKind, Timeline
 
 _KINDS = {

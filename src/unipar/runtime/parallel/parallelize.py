@@ -47,7 +47,7 @@ from unipar.runtime.parallel.tensor import (
     tensor_parallel_roles,
 )
 from unipar.runtime.parallel.weights import clean_name, load_reference_weights
-from unipar.runtime.tracing import TracedAction
+from unipar.viz.records import TracedAction
 
 Microbatch = tuple[torch.Tensor, torch.Tensor]
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

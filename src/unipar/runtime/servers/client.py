@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from unipar.optimizer import OptimizerSpec
 from unipar.ps.consistency import ConsistencySpec
-from unipar.ps.optim import OptimizerSpec
 from unipar.ps.partition import Partitioning
 from unipar.runtime.servers.server import ParameterServer, Push
 

@@ -25,13 +25,15 @@ import torch
 from torch import nn
 
 from unipar.errors import ConfigError
+from unipar.optimizer import OptimizerKind, OptimizerSpec
 from unipar.ps.consistency import Consistency, ConsistencySpec
-from unipar.ps.optim import OptimizerKind, OptimizerSpec
 from unipar.ps.partition import Partitioning, RowSharding, TensorInfo, partition
 from unipar.ps.worth import check_worth_serving
 from unipar.runtime.servers.client import PSClient, start_servers
 
 DataFn = Callable[[int, int], Any]  # (worker, clock) -> batch
+# What the servers run when a PSConfig names no optimizer.
+SERVER_DEFAULT_OPTIMIZER = OptimizerSpec(OptimizerKind.SGD, lr=0.01)
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
 
@@ -39,7 +41,7 @@ LossFn = Callable[[nn.Module, Any], torch.Tensor]
 class PSConfig:
     num_servers: int = 1
     sharding: RowSharding = RowSharding.RANGE
-    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    optimizer: OptimizerSpec = SERVER_DEFAULT_OPTIMIZER
     consistency: ConsistencySpec = field(default_factory=ConsistencySpec)
     serve_dense: bool = True  # False: dense tensors all-reduced among the workers
     snapshot_dir: str | None = None
@@ -62,14 +64,6 @@ class _Budget:
     def take(self) -> bool:
         self.left -= 1
         return self.left >= 0
-
-
-def _torch_optimizer(spec: OptimizerSpec, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    if spec.kind is OptimizerKind.SGD:
-        return torch.optim.SGD(params, lr=spec.lr)
-    if spec.kind is OptimizerKind.ADAGRAD:
-        return torch.optim.Adagrad(params, lr=spec.lr)
-    return torch.optim.Adam(params, lr=spec.lr, betas=spec.betas, eps=spec.eps)
 
 
 class PSWorker:
@@ -110,7 +104,7 @@ class PSWorker:
         else:  # dense tensors stay here, all-reduced
             self.model.load_state_dict(dense_init, strict=False, assign=True)
             dense = [p for n, p in self.model.named_parameters() if n not in self.tables]
-            self.local_optimizer = _torch_optimizer(config.optimizer, dense)
+            self.local_optimizer = config.optimizer.build(dense)
             if world > 1:
                 import torch.distributed as dist
 
