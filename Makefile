@@ -20,6 +20,7 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q tests
 
 bench: setup

@@ -78,7 +78,7 @@ class OptimizerSpec:
     def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         # torch loads only where an optimizer is built, so a plan or a job file is read,
         # and this module imported, without it
-        import torch
+        import torch  # noqa: PLC0415 (heavy: torch)
 
         params = list(params)
         if self.kind is OptimizerKind.ADAMW:

@@ -9,21 +9,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unipar import checks
+from unipar.adapt import AdaptiveBatch
 from unipar.errors import ConfigError
 from unipar.job_file import check_target, load_job
 from unipar.plan import Plan, Strategy
 from unipar.plan.runtime_support import check_plan_for_run
 from unipar.ray_cluster.address import check_address, check_cluster
+from unipar.runtime.config import RunConfig, cli_fields
+from unipar.runtime.tracing import traced_steps
 
 if TYPE_CHECKING:
     from unipar.job import Job
-    from unipar.runtime.config import RunConfig
 
 
 def _train(args: argparse.Namespace) -> int:
-    import ray
+    import ray  # noqa: PLC0415 (heavy: Ray)
 
-    from unipar.ray_cluster.session import start_ray
+    from unipar.ray_cluster.session import start_ray  # noqa: PLC0415 (heavy: Ray)
 
     plan, options, config, address = _check_train_args(args)
     if args.adaptive_batch:  # the bound and the loss are checked against the job first
@@ -65,13 +67,11 @@ def _check_train_args(
     options = run_options(args)
     config = _run_config(options)
     if config.trace_steps is not None and args.steps is not None:
-        from unipar.runtime.tracing import traced_steps
-
         traced_steps(config.trace_steps, 0, args.steps)
     if isinstance(plan, Plan):
         check_plan_for_run(plan, (config.least_workers, config.workers))
     if config.resume or "run_dir" in options or "checkpoint_dir" in options:
-        from unipar.runtime.checkpoint import resume_point
+        from unipar.runtime.checkpoint import resume_point  # noqa: PLC0415 (heavy: torch)
 
         resume_point(config.resume, config.checkpoints)
     address = args.address
@@ -86,8 +86,7 @@ DEFAULT_MAX_BATCH_FACTOR = 8
 def with_adaptive_batch(job: Job, max_batch: int | None) -> Job:
     """``job`` adapting its batch up to ``max_batch`` (None: 8 × its global batch); the
     job's rules (a bound at least M0, a rule for its optimizer) and a mean loss checked."""
-    from unipar.adapt import AdaptiveBatch
-    from unipar.runtime.adaptive import check_adaptive_loss
+    from unipar.runtime.adaptive import check_adaptive_loss  # noqa: PLC0415 (heavy: torch)
 
     bound = max_batch if max_batch is not None else DEFAULT_MAX_BATCH_FACTOR * job.global_batch_size
     job = dataclasses.replace(job, adaptive=AdaptiveBatch(max_global_batch=bound))
@@ -98,16 +97,12 @@ def with_adaptive_batch(job: Job, max_batch: int | None) -> Job:
 def run_options(args: argparse.Namespace) -> dict[str, Any]:
     """The :class:`RunConfig` fields given on the command line (flags left out keep
     ``fit``'s defaults)."""
-    from unipar.runtime.config import cli_fields
-
     return {f.name: getattr(args, f.name) for f in cli_fields() if hasattr(args, f.name)}
 
 
 def _run_config(options: dict[str, Any]) -> RunConfig:
     """Every flag's value checked by the rules of :class:`RunConfig`; errors name the
     flag rather than the field."""
-    from unipar.runtime.config import RunConfig, cli_fields
-
     options = dict(options)
     if isinstance(options.get("workers"), tuple):  # --workers MIN:MAX
         options["min_workers"], options["workers"] = options["workers"]
@@ -129,7 +124,7 @@ def _fit_and_report(
     options: dict[str, Any],
     config: RunConfig,
 ) -> int:
-    from unipar.runtime.run import fit
+    from unipar.runtime.run import fit  # noqa: PLC0415 (heavy: torch, Ray)
 
     if args.steps is not None:
         job = dataclasses.replace(job, steps=args.steps)
@@ -162,8 +157,6 @@ def _strategy(value: str) -> Plan | Strategy:
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """One flag per :class:`RunConfig` field that carries help text (its metadata)."""
-    from unipar.runtime.config import cli_fields
-
     for field in cli_fields():
         options = dict(field.metadata)
         flag = options.pop("flag", "--" + field.name.replace("_", "-"))

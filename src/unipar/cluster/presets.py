@@ -25,7 +25,7 @@ def cluster_preset(
     (:class:`Kernels`)."""
     if name == "cpu":
         # measuring the CPU needs torch; the other presets are numbers, read without it
-        from unipar.cluster.calibrate import calibrated_cpu_cluster
+        from unipar.cluster.calibrate import calibrated_cpu_cluster  # noqa: PLC0415 (heavy: torch)
 
         cluster = calibrated_cpu_cluster(nodes=nodes, devices_per_node=devices_per_node or 2)
     elif name not in PRESETS:

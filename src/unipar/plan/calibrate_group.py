@@ -38,6 +38,13 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
 from unipar.analysis.profile import analyze
 from unipar.cluster.calibrate import (
@@ -112,12 +119,6 @@ def _ring_seconds(nbytes: float, fraction: float, latency: float, bandwidth: flo
 
 
 def _sharded_linear_overhead(latency: float, bandwidth: float) -> float:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
 
     class Pair(nn.Module):
         def __init__(self) -> None:
@@ -144,7 +145,6 @@ def _sharded_linear_overhead(latency: float, bandwidth: float) -> float:
 
 def _fsdp_unit_overhead(latency: float, bandwidth: float) -> float:
     """Per unit and pass, of ZeRO-3 over the group, beyond its collectives."""
-    from torch.distributed.fsdp import fully_shard
 
     x = torch.randn(1, _WIDTH)
     model = _chain()

@@ -27,6 +27,9 @@ from typing import Any
 
 from unipar.errors import ConfigError, ResourceError
 
+# Ray is imported inside the functions that talk to a cluster: the command line checks and
+# probes an address (a socket and a handshake) before Ray, which takes seconds, loads.
+
 CONNECT_TIMEOUT_S = 3.0
 HANDSHAKE_TIMEOUT_S = 3.0
 GCS_TIMEOUT_S = 5
@@ -94,7 +97,7 @@ def cluster_versions(address: str) -> dict[str, Any] | None:
     """The ``ray_version`` and ``python_version`` the cluster at ``address`` runs (its
     GCS's cluster metadata), or ``None`` where it does not say. A cluster that asks for
     a token gets the one Ray's loader holds (see the module's docstring)."""
-    from ray.exceptions import AuthenticationError
+    from ray.exceptions import AuthenticationError  # noqa: PLC0415 (heavy: Ray)
 
     _switch_to_token_auth()
     try:
@@ -119,9 +122,9 @@ def _environment(**variables: str) -> Iterator[None]:
 
 
 def _read_cluster_metadata(address: str) -> dict[str, Any] | None:
-    from ray._common.usage.usage_lib import get_cluster_metadata
-    from ray._raylet import GcsClient
-    from ray.exceptions import AuthenticationError
+    from ray._common.usage.usage_lib import get_cluster_metadata  # noqa: PLC0415 (heavy: Ray)
+    from ray._raylet import GcsClient  # noqa: PLC0415 (heavy: Ray)
+    from ray.exceptions import AuthenticationError  # noqa: PLC0415 (heavy: Ray)
 
     try:
         return get_cluster_metadata(GcsClient(address=address.removeprefix("ray://")))
@@ -144,7 +147,7 @@ def _switch_to_token_auth() -> bool:
     loader holds a token (what ``ray.init(address="auto")`` does); whether it was switched
     on.
     An explicit ``RAY_AUTH_MODE`` is the user's word and is left as it is."""
-    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray._raylet import AuthenticationTokenLoader, Config  # noqa: PLC0415 (heavy: Ray)
 
     if os.environ.get(AUTH_MODE_VARIABLE) is not None:
         return False
@@ -191,7 +194,7 @@ def _token_source() -> str:
 def check_versions(address: str, cluster: dict[str, Any] | None) -> None:
     """Refuse a cluster of another Ray version, or another Python minor version (its
     workers unpickle this process's functions)."""
-    import ray
+    import ray  # noqa: PLC0415 (heavy: Ray)
 
     if not cluster:
         return
@@ -213,7 +216,7 @@ def resolve(address: str) -> str:
     """``auto``: the cluster ``ray start`` last started on this machine."""
     if address != "auto":
         return address
-    from ray._private.services import canonicalize_bootstrap_address
+    from ray._private.services import canonicalize_bootstrap_address  # noqa: PLC0415 (heavy: Ray)
 
     found = canonicalize_bootstrap_address("auto")
     if not found:

@@ -8,12 +8,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from unipar.analysis.profile import SkipInPlaceOnMeta
 from unipar.errors import ConfigError, UniparError, UnsupportedPlanError
 from unipar.job import Job
 from unipar.plan import GradSync, Plan, Strategy
-from unipar.plan.for_job import serves_embeddings
+from unipar.plan.for_job import plan_job, serves_embeddings
 from unipar.plan.resize import require_resizable, resize_plan, sizes_that_work
 from unipar.plan.runtime_support import check_plan_for_run
+from unipar.ray_cluster.live import live_cluster_spec
 from unipar.ray_cluster.session import ray_session
 from unipar.runtime.adaptive import check_adaptive_loss
 from unipar.runtime.checkpoint import ensure_writable, resume_point
@@ -22,6 +26,7 @@ from unipar.runtime.controller import Callback, Controller
 from unipar.runtime.elastic.controller import ElasticController
 from unipar.runtime.fit_inputs import check_fit_inputs, check_size_target
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
+from unipar.runtime.parallel.parallelize import check_plan_for_model
 from unipar.runtime.progress import format_summary
 from unipar.runtime.run_trace import write_run_trace
 from unipar.runtime.servers.fit import run_on_servers
@@ -342,11 +347,6 @@ def _check_model_takes_plan(job: Job, plan: Plan) -> None:
     factory that fails here is left for the workers to report."""
     if plan.mesh.tp == 1 and plan.mesh.pp == 1:
         return
-    import torch
-
-    from unipar.analysis.profile import SkipInPlaceOnMeta
-    from unipar.runtime.parallel.parallelize import check_plan_for_model
-
     try:
         with torch.device("meta"), SkipInPlaceOnMeta():
             model = job.model()
@@ -360,9 +360,6 @@ def _plan_on_live_cluster(
 ) -> tuple[Plan, str]:
     """The planner's choice for ``job`` on the connected cluster, and its explanation;
     ``servers``: parameter servers may be chosen for the gradient exchange."""
-    from unipar.plan.for_job import plan_job
-    from unipar.ray_cluster.live import live_cluster_spec
-
     cluster = live_cluster_spec(
         config.workers,
         cpus_per_worker=config.cpus_per_worker,

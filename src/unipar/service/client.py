@@ -26,6 +26,7 @@ import ray
 from unipar import checks
 from unipar.errors import ConfigError, ResourceError, UniparError
 from unipar.ray_cluster.address import check_address
+from unipar.ray_cluster.session import start_ray
 from unipar.runtime.config import worker_range
 from unipar.sched.policies import PolicyName
 from unipar.service.decide import worker_sizes
@@ -93,8 +94,6 @@ def check_workers(workers: int | tuple[int, int]) -> tuple[int, int]:
 def connect(address: str | None = None, state_dir: Path | None = None) -> None:
     """Join the cluster: this process's Ray, else ``address``, else the one ``unipar up``
     recorded in ``state_dir``."""
-    from unipar.ray_cluster.session import start_ray
-
     if ray.is_initialized():
         return
     recorded = (state_dir or DEFAULT_STATE_DIR) / "cluster"
@@ -235,7 +234,8 @@ def submit(
     **fit_options: Any,
 ) -> JobHandle:
     """Queue ``job`` on the shared cluster; the scheduler sizes it within ``workers``."""
-    from unipar.job import Job
+    # the shared cluster's commands (jobs, logs, cancel) run without torch, which a Job needs
+    from unipar.job import Job  # noqa: PLC0415 (heavy: torch)
 
     if not isinstance(job, Job):
         raise ConfigError(f"submit takes a unipar.Job, but got {type(job).__name__}")

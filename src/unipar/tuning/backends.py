@@ -23,8 +23,8 @@ _INDEXED = (ParamKind.QLOGUNIFORM, ParamKind.QLOGRANDINT)  # Optuna samples thei
 
 def optuna_distribution(p: Param) -> Any:
     """Optuna's distribution for ``p`` (None for a constant)."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution
-    from optuna.distributions import IntDistribution as Int
+    from optuna.distributions import CategoricalDistribution, FloatDistribution  # noqa: PLC0415 (optional: optuna)
+    from optuna.distributions import IntDistribution as Int  # noqa: PLC0415 (optional: optuna)
 
     kind = p.kind
     if kind is ParamKind.CONSTANT:
@@ -64,8 +64,8 @@ def from_optuna(p: Param, value: Any) -> Any:
 
 def hyperopt_expression(p: Param) -> Any:
     """HyperOpt's expression for ``p`` (the value itself for a constant)."""
-    from hyperopt import hp
-    from hyperopt.pyll import scope
+    from hyperopt import hp  # noqa: PLC0415 (optional: hyperopt)
+    from hyperopt.pyll import scope  # noqa: PLC0415 (optional: hyperopt)
 
     kind, name = p.kind, p.name
     if kind is ParamKind.CONSTANT:

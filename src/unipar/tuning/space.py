@@ -22,6 +22,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from unipar.errors import ConfigError
 
 
@@ -93,7 +95,7 @@ class Param:
 
     def tune_domain(self) -> Any:
         """Ray Tune's domain of this parameter (a value for a constant)."""
-        from ray import tune
+        from ray import tune  # noqa: PLC0415 (heavy: Ray Tune)
 
         if self.kind is ParamKind.CHOICE:
             return tune.choice(list(self.values))
@@ -148,8 +150,6 @@ def load_space(space: Mapping[str, Any] | str | Path) -> SearchSpace:
 
 
 def _read_yaml(path: Path) -> Any:
-    import yaml
-
     if not path.is_file():
         raise ConfigError(f"the search-space file {path} does not exist; pass a YAML file")
     try:
@@ -160,7 +160,7 @@ def _read_yaml(path: Path) -> Any:
 
 
 def _param(name: str, spec: Any) -> Param:
-    from ray.tune.search.sample import Categorical, Domain
+    from ray.tune.search.sample import Categorical, Domain  # noqa: PLC0415 (heavy: Ray Tune)
 
     if isinstance(spec, Domain) and not isinstance(spec, Categorical):
         return _from_tune(name, spec)
@@ -195,7 +195,7 @@ def _param(name: str, spec: Any) -> Param:
 
 def _from_tune(name: str, domain: Any) -> Param:
     """A Ray Tune range or normal as the kind of the Tune function that makes it."""
-    from ray.tune.search.sample import Float, Integer, LogUniform, Normal, Quantized, Uniform
+    from ray.tune.search.sample import Float, Integer, LogUniform, Normal, Quantized, Uniform  # noqa: PLC0415 (heavy: Ray Tune)
 
     sampler = domain.get_sampler()
     q = sampler.q if isinstance(sampler, Quantized) else None

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate
 
+from unipar.data.sampler import GlobalBatchSampler
 from unipar.errors import ConfigError
 from unipar.job import Job
 from unipar.optimizer import OptimizerSpec, ScheduleKind
@@ -88,8 +89,6 @@ class JobBatches:
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __call__(self, worker: int, clock: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from unipar.data.sampler import GlobalBatchSampler
-
         if "data" not in self._cache:
             data = self.dataset()
             self._cache["data"] = data
