@@ -20,6 +20,7 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/python -m pytest -q tests
 

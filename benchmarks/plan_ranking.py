@@ -31,8 +31,8 @@ from unipar.cluster.calibrate import calibrated_cpu_cluster
 from unipar.job import Job, OptimizerSpec
 from unipar.models.gpt import GPT, GPTConfig
 from unipar.plan import Plan
+from unipar.plan.explain import describe
 from unipar.plan.for_job import job_model_spec
-from unipar.plan.report import describe
 from unipar.plan.report import plan as choose_plan
 from unipar.runtime.trainer import CheckpointPolicy, Trainer
 from unipar.testing import RandomTokens

@@ -278,6 +278,10 @@ JOB_FIELDS = [
         {"adaptive": AdaptiveBatch(64), "optimizer": torch.optim.Adam},
         "Job.optimizer is a factory with no rule",
     ),
+    (
+        {"adaptive": AdaptiveBatch(64), "optimizer": OptimizerSpec("adagrad")},
+        "Job.optimizer is adagrad with no rule",
+    ),
 ]
 
 
@@ -300,6 +304,7 @@ OPTIMIZER_FIELDS = [
     ({"betas": (0.9,)}, r"OptimizerSpec.betas must be a pair"),
     ({"betas": (0.9, 1.0)}, r"OptimizerSpec.betas\[1\] must be < 1"),
     ({"momentum": -1}, "OptimizerSpec.momentum must be >= 0"),
+    ({"eps": 0.0}, "OptimizerSpec.eps must be > 0"),
 ]
 SCHEDULE_FIELDS = [
     ({"kind": "zigzag"}, "LRSchedule.kind must be one of 'constant'"),

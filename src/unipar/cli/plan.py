@@ -7,8 +7,11 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from unipar import validate
+from unipar import checks
+from unipar.cli.plan_hetero import is_hetero_cluster, run_hetero_plan
+from unipar.cluster import cluster_preset
 from unipar.errors import ConfigError
+from unipar.plan.representation import PipelineSchedule, Recompute
 
 if TYPE_CHECKING:
     from unipar.models import ModelSpec
@@ -21,8 +24,8 @@ _MODELS = ("gpt", "llama", "mlp", "ctr")
 
 def parse_fix(text: str | None):  # type: ignore[no-untyped-def]
     """``tp=8,pp=2,recompute=full`` -> Constraints."""
-    from unipar.plan.representation import PipelineSchedule, Recompute
-    from unipar.plan.strategy_search import Constraints
+    # the command line is parsed without torch: the planner loads when a plan is made
+    from unipar.plan.strategy_search import Constraints  # noqa: PLC0415 (heavy: torch)
 
     if not text:
         return Constraints()
@@ -57,10 +60,10 @@ def _choice(enum, value: str, key: str):  # type: ignore[no-untyped-def]
 
 
 def model_spec(args: argparse.Namespace) -> ModelSpec:
-    from unipar.models import GPTConfig, LlamaConfig, MLPConfig  # torch: only when planning
+    from unipar.models import GPTConfig, LlamaConfig, MLPConfig  # noqa: PLC0415 (heavy: torch)
 
     if args.model.startswith("hf:"):
-        from unipar.models.hf_config import hf_spec
+        from unipar.models.hf_config import hf_spec  # noqa: PLC0415 (heavy: torch)
 
         return hf_spec(args.model.removeprefix("hf:"), seq_len=args.seq)
     seq = DEFAULT_SEQ if args.seq is None else args.seq
@@ -90,7 +93,7 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
             ffn_hidden=args.ffn_hidden or 4 * args.hidden,
         ).spec()
     if args.model == "ctr":
-        from unipar.models.ctr import ctr_spec
+        from unipar.models.ctr import ctr_spec  # noqa: PLC0415 (heavy: torch)
 
         return ctr_spec(rows=args.vocab, dim=args.hidden, fields=args.in_features)
     return MLPConfig(
@@ -110,8 +113,8 @@ def check_plan_args(args: argparse.Namespace) -> None:
     """Every flag of ``unipar plan``, before a model is built or a CPU calibrated."""
     sizes = [*_SIZES, "global_batch", "nodes"]
     sizes += [name for name in _OPTIONAL_SIZES if getattr(args, name) is not None]
-    validate.positive_ints("", ((_flag(name), getattr(args, name)) for name in sizes))
-    validate.number("--dropout", args.dropout, minimum=0, below=1)
+    checks.positive_ints("", ((_flag(name), getattr(args, name)) for name in sizes))
+    checks.number("--dropout", args.dropout, minimum=0, below=1)
 
 
 def _flag(name: str) -> str:
@@ -120,13 +123,10 @@ def _flag(name: str) -> str:
 
 def run_plan(args: argparse.Namespace) -> int:
     check_plan_args(args)  # before torch is imported
-    from unipar.cli.plan_hetero import is_hetero_cluster, run_hetero_plan
-
     if is_hetero_cluster(args.cluster):
         return run_hetero_plan(args, seq_len=DEFAULT_SEQ if args.seq is None else args.seq)
-    from unipar.cluster import cluster_preset
-    from unipar.models.hf_config import hf_seq_reason
-    from unipar.plan.report import plan
+    from unipar.models.hf_config import hf_seq_reason  # noqa: PLC0415 (heavy: torch)
+    from unipar.plan.report import plan  # noqa: PLC0415 (heavy: torch)
 
     # The model and the pinned choices are checked before a CPU cluster is calibrated.
     spec = model_spec(args)
@@ -142,7 +142,7 @@ def run_plan(args: argparse.Namespace) -> int:
     report = plan(spec, cluster, args.global_batch, constraints=constraints)
     versus = None
     if versus_constraints is not None:
-        from unipar.plan.explain import trades
+        from unipar.plan.explain import trades  # noqa: PLC0415 (heavy: torch)
 
         pinned = plan(spec, cluster, args.global_batch, constraints=versus_constraints)
         versus = trades(report.best, pinned.best, f"--versus {args.versus}")
@@ -157,7 +157,9 @@ def run_plan(args: argparse.Namespace) -> int:
                   "another)")
         print(report.explain() + (f"\n\n{versus}" if versus else ""))
     if args.plot:
-        pictures = report.plot(args.plot)
+        from unipar.viz.plan_pictures import plot_plan  # noqa: PLC0415 (heavy: torch)
+
+        pictures = plot_plan(report, args.plot)
         if not args.json:
             print(f"pictures: {pictures.timeline}, {pictures.memory}, {pictures.breakdown}")
     return 0

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
-from unipar import validate
+from unipar import checks
 from unipar.errors import ConfigError
 
 
@@ -99,7 +99,7 @@ class Mesh:
 
     def __post_init__(self) -> None:
         for axis in fields(self):
-            validate.integer(f"mesh axis {axis.name}", getattr(self, axis.name), minimum=1)
+            checks.integer(f"mesh axis {axis.name}", getattr(self, axis.name), minimum=1)
 
     @property
     def world_size(self) -> int:
@@ -185,7 +185,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         for name in ("microbatch_size", "num_microbatches", "virtual_stages", "recompute_every"):
-            validate.integer(f"plan field {name}", getattr(self, name), minimum=1)
+            checks.integer(f"plan field {name}", getattr(self, name), minimum=1)
         if self.replica_samples:
             self._check_replica_samples()
         stages = self.mesh.pp * self.virtual_stages
@@ -297,7 +297,7 @@ class Plan:
         values["mesh"] = _mesh(values["mesh"])
         for name in ("reshard_after_forward", "sequence_parallel"):
             if name in values:
-                validate.boolean(f"plan field {name}", values[name])
+                checks.boolean(f"plan field {name}", values[name])
         for name, enum in (
             ("schedule", PipelineSchedule),
             ("recompute", Recompute),

@@ -135,7 +135,7 @@ class MetricsWriter:
 
 def _tensorboard_writer(directory: Path) -> Any:
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 (optional: tensorboard)
     except ImportError:  # tensorboard is optional: pip install tensorboard
         return None
     return SummaryWriter(log_dir=str(directory))

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import default_collate
 
 from unipar.adapt.state import AdaptState, AdaptStats
@@ -24,8 +25,9 @@ from unipar.plan import Plan
 from unipar.runtime.adaptive import AdaptiveStep, saved_adapt_state
 from unipar.runtime.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
 from unipar.runtime.parallel.clipping import clip_grad_norm
+from unipar.runtime.parallel.data import apply_ddp
 from unipar.runtime.parallel.distributed_optimizer import build_optimizer
-from unipar.runtime.parallel.parallelize import parallelize
+from unipar.runtime.parallel.parallelize import ParallelModel, parallelize
 from unipar.runtime.tracing import (
     Attachment,
     StepTracer,
@@ -164,11 +166,6 @@ class Trainer:
         """Continue ``previous``'s model and optimizers (a replica at ``step`` under a
         replicated plan) under this trainer's replicated plan: the same parameters, only
         re-wrapped for the new process group; nothing is built, copied or loaded."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        from unipar.runtime.parallel.data import apply_ddp
-        from unipar.runtime.parallel.parallelize import ParallelModel
-
         self.dataset = previous.dataset
         module = previous.model.parts[0]
         if isinstance(module, DistributedDataParallel):

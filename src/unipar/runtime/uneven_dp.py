@@ -17,8 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ray
 import torch
+import torch.distributed as dist
 
+from unipar.data.sampler import GlobalBatchSampler
 from unipar.errors import ConfigError
 
 
@@ -52,16 +55,10 @@ class _Replica:
         if cpus is not None:
             os.sched_setaffinity(0, cpus)
         torch.set_num_threads(1)
-        import torch.distributed as dist
-
         dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world)
         self.rank = rank
 
     def train(self, job: Any, samples: list[int], microbatch_size: int) -> dict[str, Any]:
-        import torch.distributed as dist
-
-        from unipar.data.sampler import GlobalBatchSampler
-
         torch.manual_seed(job.seed)
         model = job.model()
         optimizer = job.build_optimizer(model.parameters())
@@ -119,8 +116,6 @@ def train_uneven(
     """Train ``job`` on ``len(samples)`` Ray actors with those per-replica shares;
     ``cpus``: each replica's CPU cores (``os.sched_setaffinity``), e.g. to make replicas
     of different speed on one machine. All replicas on this node (gloo over loopback)."""
-    import ray
-
     samples = list(samples)
     check_shares(samples, job.global_batch_size, microbatch_size)
     address = f"tcp://127.0.0.1:{_free_port()}"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from unipar.errors import ConfigError
+from unipar.viz.draw import pyplot
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -135,8 +136,6 @@ def _event_label(record: dict[str, Any]) -> str:
 
 def report_run(run_dir: str | Path) -> Path:
     """Write ``RUN_DIR/report.png``; returns its path."""
-    from unipar.viz.draw import pyplot
-
     run_dir = Path(run_dir)
     series = run_series(run_dir)
     plt = pyplot()

@@ -30,6 +30,7 @@ from unipar.job import Job
 from unipar.plan import Plan
 from unipar.ray_cluster.supervisor import describe_process
 from unipar.runtime.adaptive import adapt_state_of, with_adapt_state
+from unipar.runtime.checkpoint import _dcp
 from unipar.runtime.elastic.rendezvous import Rendezvous, StopSignal, join, leave
 from unipar.runtime.elastic.snapshot import (
     SnapshotCadence,
@@ -83,8 +84,6 @@ class ElasticWorker:
         self.trainer: Trainer | None = None
         self.signal: StopSignal | None = None
         self.committed = 0
-        from unipar.runtime.checkpoint import _dcp
-
         _dcp()  # imported now, while the gang trains, not during a resize
 
     def describe(self) -> tuple[int, str, str]:
