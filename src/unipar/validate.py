@@ -349,7 +349,7 @@ def check_fit_inputs(job: Any, plan: Any, callbacks: Any, address: Any) -> None:
     """``fit``'s arguments that are not run settings."""
     from unipar.job import Job
     from unipar.plan import Plan, Strategy
-    from unipar.runtime.controller import Callback
+    from unipar.runtime.callbacks import Callback
 
     if not isinstance(job, Job):
         raise ConfigError(

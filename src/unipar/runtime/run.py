@@ -16,17 +16,16 @@ from unipar.plan.for_job import serves_embeddings
 from unipar.plan.resize import require_resizable, resize_plan, sizes_that_work
 from unipar.ray_cluster.session import ray_session
 from unipar.runtime.adaptive import check_adaptive_loss
+from unipar.runtime.callbacks import Callback
 from unipar.runtime.checkpoint import ensure_writable, resume_point
 from unipar.runtime.config import RunConfig, default_run_dir
-from unipar.runtime.controller import Callback, Controller
-from unipar.runtime.elastic.controller import ElasticController
+from unipar.runtime.elastic.controller import Controller, check_cluster_resources
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.progress import format_summary
 from unipar.runtime.run_trace import write_run_trace
 from unipar.runtime.servers.fit import run_on_servers
 from unipar.runtime.servers.for_job import check_worth_serving_job, server_optimizer
 from unipar.runtime.tracing import traced_steps
-from unipar.runtime.worker_group import check_cluster_resources
 from unipar.validate import check_fit_inputs, check_plan_for_run, check_size_target
 from unipar.viz.draw import require_plot_extra
 from unipar.viz.trace import TraceOutputs
@@ -199,27 +198,22 @@ def fit(
                     plan=plan,
                     explanation=explanation,
                 )
-            if config.elastic:
-                plan_for = _ElasticPlans(job, config, plan if strategy is None else strategy)
-                controller: Controller | ElasticController = ElasticController(
-                    job,
-                    config,
-                    plan_for=plan_for,
-                    resume_from=resume_from,
-                    metrics=metrics,
-                    callbacks=callbacks,
-                    size_target=size_target,
-                )
-            else:
-                controller = Controller(
-                    job, plan, config, resume_from=resume_from, metrics=metrics, callbacks=callbacks
-                )
+            plan_for = _PlanForSize(job, config, plan if strategy is None else strategy)
+            controller = Controller(
+                job,
+                config,
+                plan_for=plan_for,
+                resume_from=resume_from,
+                metrics=metrics,
+                callbacks=callbacks,
+                size_target=size_target,
+            )
             try:
                 outcome = controller.run()
             finally:
                 metrics.close()
-            if isinstance(controller, ElasticController):
-                plan, explanation = controller.plan or plan, plan_for.explanation
+            plan = controller.plan or plan
+            explanation = plan_for.explanation or explanation
             trace = None
             if config.trace_steps is not None and controller.state.trace:
                 trace = write_run_trace(job, plan, config, controller.state.trace, run_dir)
@@ -237,14 +231,14 @@ def fit(
         wall_time_s=time.perf_counter() - started,
         plan=plan,
         explanation=explanation,
-        resizes=tuple(getattr(controller, "resizes", ())),
+        resizes=tuple(controller.resizes),
         trace=trace,
     )
 
 
-class _ElasticPlans:
-    """The plan for each size an elastic gang takes: the planner's choice on the live
-    cluster for a strategy, else the given plan re-derived for the size."""
+class _PlanForSize:
+    """The plan for each size the gang takes (one, unless elastic): the planner's choice
+    on the live cluster for a strategy, else the given plan re-derived for the size."""
 
     def __init__(self, job: Job, config: RunConfig, plan: Plan | Strategy) -> None:
         self.job, self.config, self.plan = job, config, plan

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from unipar.runtime.controller import Callback
+from unipar.runtime.callbacks import Callback
 from unipar.runtime.elastic.size_target import SizeTarget
 from unipar.service.ledger import RunnerStatus, StepLedger
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from unipar.job import Job
-from unipar.runtime.controller import Callback
+from unipar.runtime.callbacks import Callback
 from unipar.runtime.metrics import StepMetrics
 
 MakeJob = Callable[[dict[str, Any]], Job]
