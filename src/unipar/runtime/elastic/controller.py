@@ -95,11 +95,13 @@ _CLUSTER_CHECK_S = 1.0  # how often the cluster is asked for free room and drain
 # (and at every poll while the size target has moved or joiners start up)
 _JOINER_WAIT_S = 30.0  # workers started to grow still not placed by then are given up
 _STOPPING_POLL_S = 0.02  # how often the streams are read while the gang pauses to resize
+_NOTICE_AFTER_S = 1.0  # room still short by then at the start is held by other jobs: say so
 
 
 def worker_needs(config: RunConfig) -> dict[str, float]:
-    """The resources Ray reserves for one worker."""
-    return {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker}
+    """The resources Ray reserves for one worker (those it takes any of)."""
+    needs = {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker}
+    return {name: amount for name, amount in needs.items() if amount}
 
 
 def check_cluster_resources(config: RunConfig) -> None:
@@ -177,11 +179,8 @@ class Controller:
             # end may still hold: start that many; without one, start what fits now
             most = self._most()
             promised = self.size_target is not None and self.size_target() is not None
-            room = self.supervisor.room()
+            room = self.supervisor.room() if promised else self._room_for_least()
             wanted = most if promised else max(config.least_workers, min(most, room))
-            if room < config.least_workers and not promised:
-                say_waiting(worker_needs(config), config.least_workers, "worker",
-                            config.placement_timeout_s)
             if config.progress:
                 self.bar.note(f"unipar: starting {wanted} worker{'s' * (wanted != 1)}")
             members = self.supervisor.start(wanted, config.placement_timeout_s,
@@ -210,6 +209,18 @@ class Controller:
             self.supervisor.kill(members + self._joiners)
             self.host.close()
             self.bar.close()
+
+    def _room_for_least(self) -> int:
+        """The cluster's room for workers, once it holds ``min_workers`` or after
+        ``_NOTICE_AFTER_S`` (a gang just stopped frees its resources within it); still
+        short then, other jobs hold them: say that the start waits for them."""
+        least, until = self.config.least_workers, time.monotonic() + _NOTICE_AFTER_S
+        while (room := self.supervisor.room()) < least and time.monotonic() < until:
+            time.sleep(0.1)
+        if room < least:
+            say_waiting(worker_needs(self.config), least, "worker",
+                        self.config.placement_timeout_s)
+        return room
 
     def _at_least_min(self, members: list[Member]) -> list[Member]:
         """``members``, topped up to ``min_workers`` with new ones (waiting for room)."""
