@@ -119,3 +119,15 @@ def test_a_run_starts_once_the_resources_are_freed(three_cpus_held, capsys):
     group = reserve_bundles({"CPU": 1}, 2, "worker", timeout_s=60, notice_after_s=0.5)
     remove_placement_group(group)
     assert "waiting up to 60 s for 2 CPUs" in capsys.readouterr().err
+
+
+def test_a_gang_short_of_room_says_it_waits_then_is_refused(three_cpus_held, tmp_path, capsys):
+    from unipar.testing import tiny_gpt_job
+
+    started = time.monotonic()
+    with pytest.raises(ResourceError, match="fewer than min_workers=2"):
+        fit(tiny_gpt_job(steps=2), workers=2, run_dir=tmp_path, placement_timeout_s=2,
+            progress=False, elastic=False)
+    assert time.monotonic() - started < 30
+    assert re.search(r"waiting up to 2 s for 2 CPUs \(1 free of 4\): other jobs hold",
+                     capsys.readouterr().err)

@@ -114,6 +114,18 @@ def _shortfall(bundle: dict[str, float], count: int) -> str:
     return ", ".join(short)
 
 
+def say_waiting(bundle: dict[str, float], count: int, unit: str, timeout_s: float) -> None:
+    """Say on stderr that ``count`` x ``bundle`` are waited for, up to ``timeout_s``,
+    because other jobs hold them."""
+    busy = _shortfall(bundle, count) or f"{count} {unit}s of {bundle} on few enough nodes"
+    print(
+        f"unipar: waiting up to {timeout_s:g} s for {busy}: other jobs hold them "
+        "(placement_timeout_s / --placement-timeout sets the wait)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def reserve_bundles(
     bundle: dict[str, float],
     count: int,
@@ -129,13 +141,7 @@ def reserve_bundles(
     group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
     ready, _ = ray.wait([group.ready()], timeout=min(notice_after_s, timeout_s))
     if not ready:
-        busy = _shortfall(bundle, count) or f"{count} {unit}s of {bundle} on few enough nodes"
-        print(
-            f"unipar: waiting up to {timeout_s:g} s for {busy}: other jobs hold them "
-            "(placement_timeout_s / --placement-timeout sets the wait)",
-            file=sys.stderr,
-            flush=True,
-        )
+        say_waiting(bundle, count, unit, timeout_s)
         ready, _ = ray.wait([group.ready()], timeout=max(0.0, timeout_s - notice_after_s))
     if not ready:
         busy = _shortfall(bundle, count)

@@ -12,7 +12,7 @@ from unipar.errors import ConfigError
 from unipar.job import Job
 from unipar.plan import Plan, Strategy
 from unipar.ray_cluster.address import check_address
-from unipar.runtime.controller import Callback
+from unipar.runtime.callbacks import Callback
 
 
 def check_size_target(size_target: Any) -> None:

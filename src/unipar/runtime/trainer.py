@@ -7,12 +7,11 @@ The controller runs one :class:`Trainer` per worker process; a single process wi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import default_collate
@@ -299,22 +298,6 @@ class Trainer:
             },
             keep=self.checkpoints.keep,
         )
-
-    def train(self) -> Generator[StepReport | TraceBatch, None, TrainOutcome]:
-        """Run from ``start_step`` to ``job.steps``, yielding each step's report as it
-        ends (and the traced steps' records after the last of them); checkpoint every
-        ``checkpoints.every`` steps and at the end."""
-        final, done = None, self.start_step
-        while not self.done(done):
-            yield self.run_step(done)
-            done += 1
-            if (batch := self.take_trace(done)) is not None:
-                yield batch
-            if self.done(done) or self.checkpoint_due(done):
-                final = self.save(done)
-        if dist.is_initialized():
-            dist.barrier()
-        return TrainOutcome(last_step=done, final_checkpoint=final)
 
     def checkpoint_due(self, step: int) -> bool:
         """Whether the ``step`` steps done end on a checkpoint: every ``checkpoints.every``

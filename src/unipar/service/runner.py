@@ -20,7 +20,7 @@ from typing import Any
 
 import ray.cloudpickle
 
-from unipar.runtime.controller import Callback
+from unipar.runtime.callbacks import Callback
 from unipar.runtime.elastic.size_target import SizeTarget
 from unipar.runtime.run import fit
 from unipar.service.ledger import RunnerStatus, StepLedger

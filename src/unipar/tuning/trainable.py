@@ -19,9 +19,9 @@ from ray import tune
 from ray.tune import PlacementGroupFactory
 
 from unipar.job import Job
+from unipar.runtime.callbacks import Callback
 from unipar.runtime.checkpoint import STATE_FILE, checkpoint_name, list_checkpoints, read_checkpoint
 from unipar.runtime.config import RunConfig
-from unipar.runtime.controller import Callback
 from unipar.runtime.metrics import StepMetrics
 from unipar.runtime.run import fit
 
