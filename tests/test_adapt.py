@@ -14,7 +14,7 @@ from unipar.adapt.lr import efficiency, lr_factor, progress_step
 from unipar.adapt.noise import NoiseEstimate, NoiseSample, unbiased
 from unipar.adapt.norms import check_mean_loss, squared_norm
 from unipar.errors import ConfigError
-from unipar.goodput.throughput import Observation, ThroughputModel
+from unipar.goodput.throughput import Observation, ThroughputModel, fit
 
 
 def _sample(rng, sqr_true, var_true, dim, micro, count):
@@ -116,3 +116,26 @@ def test_throughput_fit_weighs_each_shape_by_its_mean_step_time():
     noise = NoiseEstimate(1.0, sqr_avg=1.0, var_avg=1e4, weight=1.0)
     pick = choose(flat, noise, init_batch=16, max_batch=40, replicas=2, max_local=100)
     assert pick.global_batch == 40
+
+
+def test_fit_reads_the_compute_off_steps_with_two_accumulation_counts():
+    """Four workers, sync unreported: the same per-GPU batch timed with one and with three
+    micro-batches gives T_grad (each further micro-batch repeats the compute, not the
+    sync), so a bigger batch by accumulation is priced right; from one count alone the
+    sync would be taken for compute and repeated."""
+    truth = ThroughputModel(alpha_c=0.02, beta_c=0.001, alpha_l=0.3)
+    seen = [Observation(1, 4, 12, float(truth.iter_time(1, 4, 12, s)), 0.0, s) for s in (0, 2)]
+    model = fit(seen)
+    assert model.iter_time(1, 4, 12, 1) == pytest.approx(truth.iter_time(1, 4, 12, 1), rel=1e-6)
+    blind = fit(seen[:1])
+    assert blind.iter_time(1, 4, 12, 1) > 1.5 * truth.iter_time(1, 4, 12, 1)
+
+
+def test_a_timed_shape_is_judged_by_its_measured_time_not_the_line():
+    """Step times that bend upward (memory-bound: 1.12 s at 40 samples, 2.54 s at 80, as
+    the deepspeech2 trace on one GPU): the line through the shapes seen puts 40 too slow
+    and picks 80; the measured time at 40 wins."""
+    seen = [Observation(1, 1, m, t, 0.0) for m, t in ((20, 0.68), (40, 1.12), (80, 2.54))]
+    noise = NoiseEstimate(1.0, sqr_avg=1.0, var_avg=20 * 400.0, weight=1.0)  # B_simple 400
+    pick = choose(seen, noise, init_batch=20, max_batch=80, replicas=1, max_local=80)
+    assert pick.global_batch == 40 and pick.step_time == pytest.approx(1.12)

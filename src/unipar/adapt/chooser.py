@@ -39,23 +39,26 @@ class BatchChoice:
 
 def fit_error(model: ThroughputModel, observations: Sequence[Observation]) -> float:
     """Root mean square relative error of the model's step times on the observations."""
-    o = np.array([[x.nodes, x.replicas, x.local_bsz, x.step_time] for x in observations])
-    pred = model.iter_time(o[:, 0], o[:, 1], o[:, 2])
+    o = np.array(
+        [[x.nodes, x.replicas, x.local_bsz, x.step_time, x.accum] for x in observations]
+    )
+    pred = model.iter_time(o[:, 0], o[:, 1], o[:, 2], o[:, 4])
     return float(np.sqrt(np.mean((pred / o[:, 3] - 1.0) ** 2)))
 
 
 def per_shape(observations: Sequence[Observation]) -> list[Observation]:
-    """One observation per shape (nodes, replicas, per-GPU batch): the mean step and sync
-    times seen at it (the mean, not the median: time to a goal adds step times, stalls
-    of a shared machine included). Each shape weighs the same in the fit, however many
-    steps ran at it, and the fit costs the same however long the run."""
-    by_shape: dict[tuple[int, int, float], list[Observation]] = {}
+    """One observation per shape (nodes, replicas, per-GPU batch, accumulation steps):
+    the mean step and sync times seen at it (the mean, not the median: time to a goal
+    adds step times, stalls of a shared machine included). Each shape weighs the same in
+    the fit, however many steps ran at it, and the fit costs the same however long the
+    run."""
+    by_shape: dict[tuple[int, int, float, int], list[Observation]] = {}
     for o in observations:
-        by_shape.setdefault((o.nodes, o.replicas, o.local_bsz), []).append(o)
+        by_shape.setdefault((o.nodes, o.replicas, o.local_bsz, o.accum), []).append(o)
     return [
         Observation(n, r, m, float(np.mean([o.step_time for o in seen])),
-                    float(np.mean([o.sync_time for o in seen])))
-        for (n, r, m), seen in by_shape.items()
+                    float(np.mean([o.sync_time for o in seen])), s)
+        for (n, r, m, s), seen in by_shape.items()
     ]
 
 
@@ -75,7 +78,11 @@ def choose(
     ``max_local`` samples per micro-batch; ``min_batch ≤ batch ≤ max_batch``
     (``min_batch`` None: ``init_batch``). The
     throughput model is fitted on the mean step time of each shape seen; every
-    per-GPU batch up to ``max_local`` is a candidate (one job: the search is cheap)."""
+    per-GPU batch up to ``max_local`` is a candidate (one job: the search is cheap).
+    A shape already timed on these replicas is judged by its measured time, not the
+    model's (measured beats modelled: a step time that is not linear in the per-GPU
+    batch, as memory-bound kernels make it, bends away from the fitted line), and the
+    model's pick stands only where it predicts more than every shape measured."""
     shapes = per_shape(observations)
     model = fit(shapes)
     most = max(replicas, max_workers or replicas)
@@ -98,8 +105,21 @@ def choose(
     local, accum = int(table.local_bsz[0, k]), int(table.accum[0, k])
     if table.goodput[0, k] <= 0:  # nothing in bounds on the grid: stay at M0
         local, accum = -(-init_batch // replicas), 0
+    least = min_batch or init_batch
+    timed = {(int(o.local_bsz), o.accum): o.step_time for o in shapes
+             if o.replicas == replicas and o.nodes == nodes}
+    candidates = [(local, accum, timed.get((local, accum),
+                                           float(model.iter_time(nodes, replicas, local, accum))))]
+    candidates += [(m, s, t) for (m, s), t in timed.items()
+                   if m <= max_local and least <= replicas * m * (s + 1) <= max_batch]
+
+    def goodput(shape: tuple[int, int, float]) -> float:
+        m, s, t = shape
+        total = replicas * m * (s + 1)
+        return efficiency(total, init_batch, noise.sqr, noise.var) * total / init_batch / t
+
+    local, accum, t = max(candidates, key=goodput)
     batch = replicas * local * (accum + 1)
-    t = float(model.iter_time(nodes, replicas, local, accum))
     eff = efficiency(batch, init_batch, noise.sqr, noise.var)
     return BatchChoice(
         global_batch=batch,

@@ -107,11 +107,10 @@ class AdaptState:
         noise = self.noise if sample is None else self.noise.update(sample)
         observations = self.observations
         if timed is not None and timed[1] > 0:
-            # Pollux's T_iter has no accumulation term in an observation: the time per
-            # micro-batch round stands for the step (sync counted once per step, a bias
-            # toward accumulation that is small when sync is small against compute).
+            # the whole step with its accumulation steps (Pollux's T_iter: s·T_grad + the
+            # micro-batch that syncs; the fit reads T_grad off steps of two counts)
             shape, seconds = timed
-            seen = Observation(1, shape.replicas, shape.micro, seconds / shape.accum, 0.0)
+            seen = Observation(1, shape.replicas, shape.micro, seconds, 0.0, shape.accum - 1)
             observations = (*observations, seen)[-KEEP_OBSERVATIONS:]
         return replace(
             self,
@@ -168,20 +167,28 @@ class AdaptState:
         one size cannot tell a step's fixed time from its time per sample, and the fit's
         even split of the two (:func:`unipar.goodput.throughput.fit`) would otherwise steer
         a model whose steps are mostly fixed cost (small models, many workers) by
-        differences of a few samples, or never to a larger batch. None once two sizes
-        are seen, or when no other micro-batch size is in bounds."""
+        differences of a few samples, or never to a larger batch. Likewise a bigger batch
+        that needs more accumulation steps, until a step with accumulation has been timed
+        on these replicas: without one the fit cannot tell the synchronisation, which
+        accumulation does not repeat, from the compute, which it does. None once two
+        sizes and an accumulation are seen, or when no such shape is in bounds."""
         seen = {o.local_bsz for o in self.observations}
-        batch = self.shape.global_batch
+        batch, replicas = self.shape.global_batch, self.shape.replicas
         least = adaptive.min_global_batch or self.init_batch
         other = (
             min(GROWTH * batch, adaptive.max_global_batch)
             if up
             else max(-(-batch // GROWTH), least)
         )
-        if len(seen) != 1 or other == batch:
+        if other == batch:
             return None
-        micro, accum = split_batch(other, self.shape.replicas, max_micro)
-        return None if micro in seen else BatchShape(micro, accum + 1, self.shape.replicas)
+        micro, accum = split_batch(other, replicas, max_micro)
+        if len(seen) == 1 and micro not in seen:
+            return BatchShape(micro, accum + 1, replicas)
+        accumulated = any(o.accum > 0 and o.replicas == replicas for o in self.observations)
+        if up and accum + 1 > self.shape.accum and not accumulated:
+            return BatchShape(micro, accum + 1, replicas)
+        return None
 
     def on_replicas(self, replicas: int, max_micro: int) -> AdaptState:
         """The same global batch (rounded up to a multiple of ``replicas``) on a new
