@@ -125,3 +125,38 @@ def test_an_adaptive_run_checkpoints_every_k_steps_of_m0_in_samples(ray_cluster,
     expected.add(len(result.history))
     saved = {int(p.name.split("_")[1]) for p in result.checkpoint_dir.glob("step_*")}
     assert saved == expected
+
+
+def consecutive_norms(job: Job) -> tuple[float, float]:
+    """(|G|², tr(Σ)) from the gradients of steps 0 and 1 of a plain loop here, as two
+    replicas' (the one-replica estimate with a single micro-batch)."""
+    torch.manual_seed(job.seed)
+    model = job.model()
+    optimizer = job.build_optimizer(model.parameters())
+    dataset = job.dataset()
+    sampler = GlobalBatchSampler(len(dataset), job.global_batch_size, job.seed)
+    grads = []
+    for step in range(2):
+        pairs = [dataset[int(i)] for i in sampler.global_indices(step)]
+        inputs, targets = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+        job.loss(model(inputs), targets).backward()
+        grads.append(torch.cat([p.grad.double().flatten() for p in model.parameters()]))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    small = (float(grads[0].square().sum()) + float(grads[1].square().sum())) / 2
+    big = float(((grads[0] + grads[1]) / 2).square().sum())
+    return unbiased(NoiseSample(small, big, job.global_batch_size, 2))
+
+
+def test_one_replica_with_one_microbatch_measures_two_consecutive_steps(ray_cluster, tmp_path):
+    """One worker, the whole batch in one micro-batch: no estimate at step 0, then the
+    norms of steps 0 and 1's gradients (AdaptDL's estimator), and the losses unchanged."""
+    job = tiny_gpt_job(steps=4, global_batch_size=8)
+    expected, _ = single_process_losses(job)
+    plan = Plan.data_parallel(1, job.global_batch_size, job.global_batch_size)
+    result = fit(_pinned(job), workers=1, plan=plan, run_dir=tmp_path, progress=False)
+    torch.testing.assert_close(result.losses, expected, rtol=RTOL, atol=0)
+    stats = [m.adapt for m in result.history]
+    assert (stats[1].grad_sqr, stats[1].grad_var) == (0.0, 0.0)  # one gradient: no sample
+    measured = (stats[2].grad_sqr, stats[2].grad_var)
+    assert measured == pytest.approx(consecutive_norms(job), rel=NORM_RTOL)

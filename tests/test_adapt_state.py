@@ -3,7 +3,9 @@ picture (no Ray)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import types
 
 import pytest
 import torch
@@ -11,10 +13,16 @@ from png_checks import check_png
 
 from unipar.adapt import AdaptiveBatch
 from unipar.adapt.config import LRRule
+from unipar.adapt.lr import progress_step
 from unipar.adapt.noise import NoiseSample
 from unipar.adapt.state import SETTLE, AdaptState, AdaptStats, BatchShape
 from unipar.data.sampler import GlobalBatchSampler, SampleStream
+from unipar.errors import ConfigError
+from unipar.optimizer import OptimizerSpec
+from unipar.plan import Plan
+from unipar.runtime.adaptive import AdaptiveStep
 from unipar.runtime.metrics import MetricsWriter, StepMetrics, read_metrics
+from unipar.testing import tiny_gpt_job
 from unipar.viz.run_report import report_run, run_series
 
 
@@ -162,3 +170,44 @@ def test_one_timed_size_is_probed_before_the_fit_steers_the_batch():
     assert state.shape.global_batch == 64 and state.moving  # the probe
     state, pick = steps(state).choose(adaptive, max_micro=128)
     assert pick.global_batch == 128 and state.shape.global_batch == 128
+
+
+def test_a_batch_at_the_micro_batch_bound_probes_one_accumulation_step():
+    """Four workers at their micro-batch bound (12 each, M0 = 12), steps mostly sync: with
+    no accumulated step timed, the fit would count the sync once per micro-batch and never
+    accumulate; the probe times 2 micro-batches, after which the batch grows by
+    accumulation (the bert trace on 4 and 16 GPUs)."""
+    adaptive = AdaptiveBatch(max_global_batch=384, adapt_every=5, max_local_batch=12)
+    state = AdaptState.start(adaptive, 12, BatchShape(micro=3, accum=1, replicas=4))
+
+    def seconds(shape: BatchShape) -> float:  # compute 0.1 + 0.01/sample, sync 1.0
+        t_grad = 0.1 + 0.01 * shape.micro
+        return t_grad * (shape.accum - 1) + t_grad + 1.0
+
+    for _ in range(20):
+        b, k = state.shape.per_replica, state.shape.replicas
+        for _ in range(SETTLE):
+            sample = NoiseSample(1 + 2000 / b, 1 + 2000 / (b * k), b, k)
+            state = state.after_step(sample, (state.shape, seconds(state.shape)))
+        state, _ = state.choose(adaptive, max_micro=12)
+    assert state.shape.micro == 12 and state.shape.accum > 1
+    assert any(o.accum > 0 for o in state.observations)
+
+
+def test_equal_bounds_hold_a_batch_other_than_m0_under_the_rule_from_m0():
+    """A fixed batch under the same rules as the adaptive one (the benchmark's sweep):
+    bounds 8..8 on a job written for 32 are accepted, the run starts and stays at 8,
+    and its learning rate and progress follow from M0 = 32 (AdaScale: gain < 1)."""
+    job = dataclasses.replace(
+        tiny_gpt_job(global_batch_size=32), optimizer=OptimizerSpec(kind="sgd", lr=0.1),
+        adaptive=AdaptiveBatch(max_global_batch=8, min_global_batch=8),
+    )
+    with pytest.raises(ConfigError, match="or hold the batch at one size"):
+        dataclasses.replace(job, adaptive=AdaptiveBatch(max_global_batch=8, min_global_batch=4))
+    model = types.SimpleNamespace(parts=[torch.nn.Linear(2, 2)], data_replica=0)
+    step = AdaptiveStep(job, Plan.data_parallel(1, 32), model=model, dataset_size=64, state=None)
+    assert step.fixed and step.state.shape.global_batch == 8 and step.state.init_batch == 32
+    for _ in range(3):  # |G|² = 1, tr(Σ) = 1000 per sample, two gradients of 8
+        step.state = step.state.after_step(NoiseSample(1 + 1000 / 8, 1 + 1000 / 16, 8, 2))
+    r = progress_step(8, 32, step.state.noise.sqr, step.state.noise.var)
+    assert r < 1 and step.lr_factor() == pytest.approx(r)

@@ -85,14 +85,17 @@ class Job:
                 f"Job.adaptive must be an AdaptiveBatch or None, but got {adaptive!r}; pass "
                 "AdaptiveBatch(max_global_batch=...)"
             )
-        if adaptive.max_global_batch < self.global_batch_size:
+        least = adaptive.min_global_batch
+        if least == adaptive.max_global_batch:  # held at one batch: the rule from M0 applies
+            least = None
+        elif adaptive.max_global_batch < self.global_batch_size:
             raise ConfigError(
                 f"AdaptiveBatch.max_global_batch must be at least the job's global_batch_size "
                 f"(the initial batch M0), but got max_global_batch={adaptive.max_global_batch} "
                 f"< global_batch_size={self.global_batch_size}; pass max_global_batch >= "
-                f"{self.global_batch_size} (--max-batch)"
+                f"{self.global_batch_size} (--max-batch), or hold the batch at one size with "
+                "min_global_batch == max_global_batch"
             )
-        least = adaptive.min_global_batch
         if least is not None and least > self.global_batch_size:
             raise ConfigError(
                 f"AdaptiveBatch.min_global_batch must be at most the job's global_batch_size "

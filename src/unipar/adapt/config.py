@@ -22,7 +22,9 @@ class AdaptiveBatch:
     ``global_batch_size``, M0, for which its learning rate and schedule were written, and
     where a run starts) and ``max_global_batch``. A batch below M0 makes less progress per
     step and more per sample: the same gain r = S·E, with S = M/M0 < 1, sets its learning
-    rate and progress.
+    rate and progress. Bounds that are equal hold the batch there, at any size: the
+    learning rate and progress still follow it from M0 by the rule (a fixed batch under
+    the same rules as the adaptive one).
 
     ``lr_rule`` None picks the optimizer's default (ADASCALE for SGD, POLLUX for Adam);
     every ``adapt_every`` steps the goodput-optimal batch is chosen; ``smoothing`` is

@@ -11,8 +11,10 @@ replica's own gradient before it is averaged, and the averaged one:
   group once it is copied in (when FSDP allocates the output buffer, before any
   division or communication), whatever the size of the reduce-scatter group.
 - One data replica: the first micro-batch's gradient (before the others accumulate)
-  against the whole step's; no estimate with a single micro-batch, nor under a
-  pipeline's schedule (its micro-batches are not seen one by one).
+  against the whole step's; with a single micro-batch, or under a pipeline's schedule
+  (its micro-batches are not seen one by one), the gradients of two consecutive steps of
+  the same shape, as two replicas' (AdaptDL's estimator does the same: a copy of the
+  previous step's gradient is kept, and the parameters moved by one step in between).
 
 Each rank adds the squares of its own part (a tensor-parallel shard, a pipeline stage,
 an FSDP flat buffer), one all-reduce of three numbers sums them over the gang (under
@@ -44,6 +46,7 @@ from unipar.adapt.noise import NoiseSample
 from unipar.adapt.norms import check_mean_loss
 from unipar.adapt.state import AdaptState, AdaptStats, BatchShape
 from unipar.data.sampler import SampleStream
+from unipar.goodput.table import split_batch
 from unipar.job import Job
 from unipar.plan import Plan
 from unipar.runtime.checkpoint import STATE_FILE
@@ -148,14 +151,22 @@ def _plain_ddp(parts: list[nn.Module], plan: Plan) -> bool:
     )
 
 
+def _local_grads(parts: list[nn.Module]) -> list[torch.Tensor]:
+    """This rank's part of the gradients (detached local tensors)."""
+    grads = [p.grad for part in parts for p in part.parameters() if p.grad is not None]
+    return [(g.to_local() if hasattr(g, "to_local") else g).detach() for g in grads]
+
+
+def _squares(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Σ t² over ``tensors`` (a float64 tensor: no wait on the device)."""
+    if not tensors:
+        return torch.zeros((), dtype=DOUBLE)
+    return torch.stack(torch._foreach_norm(tensors)).to(DOUBLE).square().sum()
+
+
 def _grad_squares(parts: list[nn.Module]) -> torch.Tensor:
     """Σ g² of this rank's part of the gradients (a tensor: no wait on the device)."""
-    grads = [p.grad for part in parts for p in part.parameters() if p.grad is not None]
-    local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
-    if not local:
-        return torch.zeros((), dtype=DOUBLE)
-    norms = torch._foreach_norm([g.detach() for g in local])
-    return torch.stack(norms).to(DOUBLE).square().sum()
+    return _squares(_local_grads(parts))
 
 
 class AdaptiveStep:
@@ -172,8 +183,7 @@ class AdaptiveStep:
         replicas = plan.mesh.data_replicas
         self.dp = plan.mesh.dp
         least = adaptive.min_global_batch or job.global_batch_size
-        pinned = adaptive.max_global_batch == job.global_batch_size == least
-        self.fixed = pinned or plan.mesh.pp > 1
+        self.fixed = adaptive.max_global_batch == least or plan.mesh.pp > 1
         self.max_micro = adaptive.max_local_batch or max(
             plan.microbatch_size, adaptive.max_global_batch // replicas
         )
@@ -182,6 +192,9 @@ class AdaptiveStep:
             job.global_batch_size // (replicas * plan.microbatch_size),
             replicas,
         )
+        if least == adaptive.max_global_batch != job.global_batch_size:  # held at another
+            micro, accum = split_batch(least, replicas, self.max_micro)
+            shape = BatchShape(micro, accum + 1, replicas)
         if state is None:
             state = AdaptState.start(adaptive, job.global_batch_size, shape)
         self.state = state.on_replicas(replicas, self.max_micro)
@@ -189,7 +202,12 @@ class AdaptiveStep:
         self.stream = SampleStream(dataset_size, job.seed)
         self.squares = _LocalSquares()
         self._first: torch.Tensor | None = None
-        self._pending: tuple[Any, torch.Tensor, bool] | None = None
+        # one replica without a first micro-batch's gradient: the previous step's (a
+        # copy) and the shape it ran at, for the estimate of two consecutive steps
+        self._previous: tuple[BatchShape, list[torch.Tensor]] | None = None
+        # the step's numbers being summed over the gang, and how to read them: (the batch
+        # of each small gradient, their count), None when they give no noise sample
+        self._pending: tuple[Any, torch.Tensor, tuple[int, int] | None] | None = None
         self._sample: NoiseSample | None = None
         # the previous step's time here and its shape (all-reduced with the norms); None
         # for a process's first step (it builds and warms up: not a step time to fit)
@@ -238,25 +256,46 @@ class AdaptiveStep:
         summing the norms over the gang (collected at :meth:`finish`, so the all-reduce
         runs beside the optimizer step)."""
         reduced, self.squares.reduced, self.squares.riders = self.squares.reduced, None, None
-        if self.one_replica:
-            local = self._first if self._first is not None else torch.zeros((), dtype=DOUBLE)
-        else:
-            local = self.squares.take() * self.local_scale
+        shape = self.state.shape
         seconds = self._timed[1] if self._timed is not None else 0.0
-        big = _grad_squares(self.model.parts)
+        if self.one_replica and self._first is None:
+            local, big, read = self._consecutive(shape)
+        else:
+            big = _grad_squares(self.model.parts)
+            if self.one_replica:
+                local, read = self._first, (shape.micro, shape.accum)
+            else:
+                local = self.squares.take() * self.local_scale
+                read = (shape.per_replica, shape.replicas)
         if reduced is not None:  # plain DDP: (Σ seconds, Σ local) came with the gradients
             numbers = torch.stack([reduced[1], big * self.dp, reduced[0]])
-            self._pending, self._first = (None, numbers, False), None
+            self._pending, self._first = (None, numbers, read), None
             return
         numbers = torch.stack([local.to(big.device), big, big.new_tensor(seconds)])
         work = dist.all_reduce(numbers, async_op=True) if dist.is_initialized() else None
-        self._pending = (work, numbers, self._first is not None)
+        self._pending = (work, numbers, read)
         self._first = None
+
+    def _consecutive(
+        self, shape: BatchShape
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int] | None]:
+        """(mean of the two squares, square of the mean, how to read them) for this step's
+        gradient and the previous step's of the same shape (none: zeros, no sample); the
+        gradient is kept for the next step."""
+        grads = _local_grads(self.model.parts)
+        previous, self._previous = self._previous, (shape, [g.clone() for g in grads])
+        if previous is None or previous[0] != shape or len(previous[1]) != len(grads):
+            zero = torch.zeros((), dtype=DOUBLE)
+            return zero, zero, None
+        before = previous[1]
+        total = torch._foreach_add(before, grads)
+        small = (_squares(before) + _squares(grads)) / 2
+        return small, _squares(total) / 4, (shape.per_replica, 2)
 
     def _collect(self) -> None:
         """The step's norms, summed over the gang: its noise sample and the previous
         step's mean time."""
-        work, numbers, usable = self._pending
+        work, numbers, read = self._pending
         self._pending = None
         if work is not None:
             work.wait()
@@ -264,12 +303,12 @@ class AdaptiveStep:
         world = dist.get_world_size() if dist.is_initialized() else 1
         if self._timed is not None:
             self._timed = (self._timed[0], seconds / world)
-        shape = self.state.shape
         big = big_sum / self.dp
-        if self.one_replica:
-            sample = NoiseSample(small_sum, big, shape.micro, shape.accum) if usable else None
-        else:
-            sample = NoiseSample(small_sum / shape.replicas, big, shape.per_replica, shape.replicas)
+        sample = None
+        if read is not None:  # one replica: one small square (the first micro-batch's) or a mean
+            small_batch, count = read
+            mean = small_sum if self.one_replica else small_sum / count
+            sample = NoiseSample(mean, big, small_batch, count)
         if not all(math.isfinite(v) for v in (small_sum, big_sum)):
             sample = None  # a diverged step says nothing of the noise
         self._sample = sample
