@@ -15,6 +15,7 @@ from unipar.sched.cluster import Cluster
 from unipar.sched.fleet import AutoscaleFleet
 from unipar.sched.policies import PolicyName, make_policy
 from unipar.sched.policy import Allocation, JobView
+from unipar.sched.price import KEEP_MARGIN, hopeful_worth, priced_cost, priced_gpus
 from unipar.sched.simulator import simulate
 from unipar.sched.traces import load_applications
 from unipar.sched.workload import read_workload
@@ -124,3 +125,35 @@ def test_shrinking_releases_the_nodes_jobs_use_least():
     assert fleet.available_nodes(60.0, [flat]) == (5,)
     # growing again adds the lowest-numbered free nodes
     assert fleet.available_nodes(120.0, [_job("s", True)]) == (0, 1, 2, 5)
+
+
+def test_a_job_is_worth_the_gpus_whose_saving_beats_their_price():
+    """(1 + λ·k)/goodput(k) (:mod:`unipar.sched.price`): a job that scales linearly is worth
+    every GPU, a flat one a single GPU, a weak one fewer as λ grows; past the GPUs it ran on, its worth
+    is hopeful (linear from there), and a held count within KEEP_MARGIN of the best stays.
+    Pure numbers, milliseconds."""
+    k = np.arange(1, 9, dtype=float)
+    linear = k[None, :].copy()
+    flat = np.ones((1, 8))
+    allowed = np.ones((1, 8), dtype=bool)
+    assert priced_gpus(linear, allowed, 0.01)[0] == 8
+    assert priced_gpus(flat, allowed, 0.01)[0] == 1
+    weak = (k**0.3)[None, :]  # the best k of (1 + λk)/k^0.3 is 0.3/(0.7λ)
+    assert priced_gpus(weak, allowed, 0.1)[0] == 4 and priced_gpus(weak, allowed, 10.0)[0] == 1
+    # fitted on 2 GPUs, the model sees no gain past them; the hope gives it 8
+    pessimistic = np.minimum(k, 2.0)[None, :]
+    assert priced_gpus(pessimistic, allowed, 0.01)[0] == 2
+    assert hopeful_worth(pessimistic, allowed, np.array([2]), 0.01)[0] == 8
+    # concave: at λ=0.1 8 GPUs are best, 6 and 7 cost within KEEP_MARGIN and stay if held
+    concave = np.sqrt(k)[None, :] * 4
+    cost = priced_cost(concave, allowed, 0.1)[0]
+    best = int(np.argmin(cost)) + 1
+    assert best == 8
+    near = [c + 1 for c in range(8) if c + 1 != best and cost[c] <= cost.min() * (1 + KEEP_MARGIN)]
+    far = [c + 1 for c in range(8) if cost[c] > cost.min() * (1 + KEEP_MARGIN)]
+    seen = np.array([8])
+    for held in near:
+        assert hopeful_worth(concave, allowed, seen, 0.1, np.array([held]))[0] == held
+    for held in far:
+        assert hopeful_worth(concave, allowed, seen, 0.1, np.array([held]))[0] == best
+    assert near and far

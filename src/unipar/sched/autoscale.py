@@ -30,6 +30,7 @@ from unipar.goodput.table import goodput_table
 from unipar.sched.arrays import job_arrays
 from unipar.sched.policies.greedy import greedy
 from unipar.sched.policy import JobView
+from unipar.sched.price import hopeful_worth
 
 
 class ScaleRule(Enum):
@@ -77,12 +78,6 @@ def useful_gpus(
     return _demand_gpus(goodput, allowed, efficiency)
 
 
-def _price_gpus(goodput: np.ndarray, allowed: np.ndarray, price: float) -> np.ndarray:
-    k = np.arange(1, goodput.shape[1] + 1)
-    cost = np.where(allowed, (1.0 + price * k[None, :]) / goodput, np.inf)
-    return np.argmin(cost, axis=1) + 1
-
-
 def _demand_gpus(goodput: np.ndarray, allowed: np.ndarray, efficiency: float) -> np.ndarray:
     k = np.arange(1, goodput.shape[1] + 1)
     per_gpu = goodput / (k[None, :] * goodput[:, :1])
@@ -120,7 +115,9 @@ def desired_nodes(
             want = int(np.flatnonzero(gap <= gap.min() + 1e-12)[-1]) + 1
     else:
         if config.rule is ScaleRule.PRICE:
-            gpus = _price_gpus(goodput, allowed, config.price)
+            seen = np.array([max(j.max_replicas_seen, j.peer_max_replicas) for j in jobs])
+            held = np.array([j.allocation.replicas if j.allocation else 0 for j in jobs])
+            gpus = hopeful_worth(goodput, allowed, seen, config.price, held)
         else:
             gpus = _demand_gpus(goodput, allowed, config.efficiency)
         want = math.ceil(int(gpus.sum()) / gpn)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from unipar.errors import ConfigError
-from unipar.sched.autoscale import ScaleConfig, desired_nodes
+from unipar.sched.autoscale import ScaleConfig, ScaleRule, desired_nodes
 from unipar.sched.cluster import SPOT, Cluster, NodeType
 from unipar.sched.policy import JobView
 
@@ -28,6 +28,12 @@ class Fleet:
     def max_gpus(self) -> int:
         """The most GPUs one job could ever get."""
         return self.cluster.total_gpus
+
+    @property
+    def gpu_price(self) -> float | None:
+        """JCT-seconds a GPU-second is worth, where nodes are held by need (None: held
+        anyway, every GPU is free to use)."""
+        return None
 
     def available_nodes(self, now: float, jobs: Sequence) -> tuple[int, ...]:
         return self._nodes
@@ -62,6 +68,12 @@ class AutoscaleFleet(Fleet):
         self.min_nodes, self.config = min_nodes, config or ScaleConfig()
         self._nodes = tuple(range(min_nodes))
         self._next = -math.inf
+
+    @property
+    def gpu_price(self) -> float | None:
+        """The price rule's λ: the policy then gives each job only the GPUs the fleet was
+        sized for (:mod:`unipar.sched.price`)."""
+        return self.config.price if self.config.rule is ScaleRule.PRICE else None
 
     def available_nodes(self, now: float, jobs: Sequence[JobView]) -> tuple[int, ...]:
         if now < self._next or not jobs:

@@ -80,6 +80,9 @@ class RoundState:
     restart_seconds: float = 30.0
     interval: float = 60.0
     gpu_quota: dict[str, int] | None = None  # per user, GPUs at once
+    # JCT-seconds one GPU-second is worth where GPUs are paid for by use (an autoscaled
+    # cluster): a job gets no GPU that saves less (:mod:`unipar.sched.price`); None: all
+    gpu_price: float | None = None
 
 
 class Policy(ABC):

@@ -227,6 +227,7 @@ def simulate(
             restart_seconds=config.restart,
             interval=interval,
             gpu_quota=quota,
+            gpu_price=fleet.gpu_price,
         )
         allocs = policy.allocate(state)
         by_name = {j.spec.name: j for j in active}

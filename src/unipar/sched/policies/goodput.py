@@ -31,6 +31,7 @@ from unipar.sched.arrays import job_arrays
 from unipar.sched.placement import Nodes, place
 from unipar.sched.policies.greedy import greedy
 from unipar.sched.policy import Allocation, JobView, Policy, RoundState
+from unipar.sched.price import hopeful_worth
 
 
 @dataclass
@@ -99,6 +100,9 @@ class GoodputPolicy(Policy):
             floor = max(state.interval, 1e-3)
             cost = cost * (np.maximum(remaining, floor) / 3600.0)[:, None] ** -self.remaining_power
         cost = np.concatenate([np.full((len(jobs), 1), np.inf), cost], axis=1)
+        if state.gpu_price is not None:  # GPUs paid by use: none past what a job is worth
+            worth = np.maximum(self._worth(jobs, table.goodput, speedup > 0, state), start)
+            cost[np.arange(kmax + 1)[None, :] > worth[:, None]] = np.inf
         counts = greedy(cost, start, gpus - int(start.sum()))
         trimmed = self._quota(state, jobs, counts)
         if (trimmed != counts).any():  # give what quotas took back to the others
@@ -124,6 +128,13 @@ class GoodputPolicy(Policy):
                 local = int(np.clip(table.local_bsz[i, c], 1, j.max_local))
                 out[j.name] = Allocation(nodes[j.name], local, int(table.accum[i, c]))
         return out
+
+    def _worth(self, jobs: list[JobView], goodput, allowed, state: RoundState) -> np.ndarray:
+        """The GPUs each job is worth at the round's price, hopeful past what it or its
+        peers ran on (:func:`unipar.sched.price.hopeful_worth`)."""
+        seen = np.array([self._seen(j) for j in jobs])
+        held = np.array([j.allocation.replicas if j.allocation else 0 for j in jobs])
+        return hopeful_worth(goodput, allowed, seen, state.gpu_price, held)
 
     def _restart_factor(self, state: RoundState, jobs: list[JobView], speedup, goodput) -> None:
         """Scale the speedup of a running job at any other GPU count than its own.
