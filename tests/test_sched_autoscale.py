@@ -129,8 +129,9 @@ def test_shrinking_releases_the_nodes_jobs_use_least():
 
 def test_a_job_is_worth_the_gpus_whose_saving_beats_their_price():
     """(1 + λ·k)/goodput(k) (:mod:`unipar.sched.price`): a job that scales linearly is worth
-    every GPU, a flat one a single GPU, a weak one fewer as λ grows; past the GPUs it ran on, its worth
-    is hopeful (linear from there), and a held count within KEEP_MARGIN of the best stays.
+    every GPU, a flat one a single GPU, a weak one fewer as λ grows; past the GPUs it ran
+    on, its worth is hopeful (linear from there), and a held count within KEEP_MARGIN of
+    the best stays.
     Pure numbers, milliseconds."""
     k = np.arange(1, 9, dtype=float)
     linear = k[None, :].copy()

@@ -184,3 +184,17 @@ def test_cli_bad_input_is_a_clear_error(tmp_path, capsys):
     )
     assert code == 2
     assert "w.csv:3" in capsys.readouterr().err
+
+
+def test_cli_autoscale_prints_cost_against_the_fixed_cluster_and_the_floor(tmp_path, capsys):
+    """Three jobs on up to 2 nodes (a few seconds): the autoscaled cost and JCT over the
+    fixed 2 nodes', and the floor, which the autoscaled cost is not under."""
+    path = _write(tmp_path, ["a,0,cifar10,4,1024", "b,30,ncf,1,32768", "c,90,bert,4,96"])
+    code = main(["simulate", str(path), "--nodes", "2", "--autoscale", "1:2", "--no-plot",
+                 "--reference", str(REFERENCE), "--out", str(tmp_path / "out")])
+    text = capsys.readouterr().out
+    assert code == 0
+    line = next(x for x in text.splitlines() if x.startswith("against the fixed 2 nodes"))
+    cost = float(line.split("cost x")[1].split()[0])
+    floor = float(line.split("floor of any schedule at avg JCT <= x1.1: x")[1])
+    assert 0 < floor <= cost

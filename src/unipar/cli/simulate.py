@@ -8,8 +8,9 @@ from pathlib import Path
 
 from unipar.errors import ConfigError
 from unipar.sched.autoscale import ScaleConfig, ScaleRule
+from unipar.sched.bound import CostFloor
 from unipar.sched.cluster import Cluster
-from unipar.sched.fleet import make_fleet
+from unipar.sched.fleet import FixedFleet, make_fleet
 from unipar.sched.plot import write_png
 from unipar.sched.policies import PolicyName, make_policy
 from unipar.sched.simulator import SimConfig, simulate
@@ -58,6 +59,26 @@ def _quota(text: str | None) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
+JCT_SLACK = 1.1  # the floor is priced at an average JCT at most this times the fixed run's
+
+
+def _against_fixed(specs, apps, name: PolicyName, fleet, config, scaled) -> str:
+    """The autoscaled run against the fixed cluster of its most nodes (a fresh policy of
+    the same kind, the same workload), and the floor no schedule can go under
+    (:mod:`unipar.sched.bound`) at an average JCT of at most ``JCT_SLACK`` times the
+    fixed run's."""
+    cluster = fleet.cluster
+    fixed = simulate(specs, apps, make_policy(name), cluster, config, FixedFleet(cluster))
+    floor = CostFloor(specs, apps, cluster.total_gpus, cluster.gpus_per_node)
+    least = floor.gpu_seconds(JCT_SLACK * float(fixed.jcts.sum()))
+    return (
+        f"against the fixed {cluster.num_nodes} nodes (cost {fixed.cost:.1f}, avg JCT "
+        f"{fixed.avg_jct:.0f} s): cost x{scaled.cost / fixed.cost:.3f} at avg JCT "
+        f"x{scaled.avg_jct / fixed.avg_jct:.3f}; floor of any schedule at avg JCT <= "
+        f"x{JCT_SLACK}: x{least / (fixed.node_seconds * cluster.gpus_per_node):.3f}"
+    )
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     reference = args.reference or default_reference_dir()
     apps = load_applications(reference)
@@ -84,6 +105,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     if not args.no_plot:
         write_png(result, args.out / "sim.png")
         written.append(args.out / "sim.png")
+    if args.autoscale:
+        print(_against_fixed(specs, apps, PolicyName(args.policy), fleet, config, result))
     print("wrote " + ", ".join(map(str, written)))
     print(json.dumps(summary))
     return 0

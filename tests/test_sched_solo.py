@@ -1,0 +1,36 @@
+"""One job alone on the simulated cluster (sched/solo.py): the step-by-step run agrees
+with the closed form, and the adaptive batch is near the best fixed one (ncf, ~10 s)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from unipar.adapt import AdaptiveBatch
+from unipar.sched.solo import adaptive_run, fixed_run, measured_batches
+from unipar.sched.traces import load_applications
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "pollux"
+
+
+@pytest.fixture(scope="module")
+def ncf():
+    if not REFERENCE.is_dir():
+        pytest.skip(f"Pollux reference data not found at {REFERENCE}")
+    return load_applications(REFERENCE)["ncf"]
+
+
+def test_a_batch_held_at_m0_step_by_step_takes_the_closed_form_time(ncf):
+    held = AdaptiveBatch(max_global_batch=ncf.init_batch, max_local_batch=ncf.max_local_bsz)
+    run = adaptive_run(ncf, 4, seed=0, adaptive=held, jitter=0.0)
+    closed = fixed_run(ncf, 4, ncf.init_batch)
+    assert run.seconds == pytest.approx(closed.seconds, rel=0.01)
+    assert run.estimated_progress == pytest.approx(run.target_progress, rel=0.1)
+
+
+def test_the_adaptive_batch_is_within_5_percent_of_the_best_fixed_batch(ncf):
+    fixed = {b: fixed_run(ncf, 4, b).seconds for b in measured_batches(ncf, 4)}
+    run = adaptive_run(ncf, 4, seed=1)
+    assert run.seconds <= 1.05 * min(fixed.values())
+    assert run.seconds < 0.9 * fixed[ncf.init_batch]  # M0 is not the best here
