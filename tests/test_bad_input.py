@@ -143,6 +143,7 @@ TRAIN_FLAGS = [
     (["job.py", "--max-failures", "-1"], "--max-failures must be >= 0"),
     (["job.py", "--no-progress=yes"], "ignored explicit argument"),
     (["job.py", "--placement-timeout", "0"], "--placement-timeout must be > 0"),
+    (["job.py", "--collective-timeout", "-1"], "--collective-timeout must be > 0"),
     (["job.py", "--max-batch", "64"], "--max-batch 64 without --adaptive-batch"),
     (["job.py", "--adaptive-batch", "--max-batch", "0"], "--max-batch must be >= 1"),
     (
@@ -400,6 +401,7 @@ FIT_ARGUMENTS = [
     ({"address": "head-node"}, ConfigError, "address must be HOST:PORT"),
     ({"progress": "yes"}, ConfigError, "progress must be True or False"),
     ({"placement_timeout_s": -5}, ConfigError, "placement_timeout_s must be > 0"),
+    ({"collective_timeout_s": 0}, ConfigError, "collective_timeout_s must be > 0"),
     ({"callbacks": [print]}, ConfigError, "callbacks must be unipar.Callback instances"),
     ({"size_target": 4}, ConfigError, "size_target must be a callable returning a number"),
 ]
