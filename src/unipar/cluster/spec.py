@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from unipar.errors import ConfigError
+
+if TYPE_CHECKING:
+    from unipar.cluster.corrections import Corrections
 
 GIB = 1024**3
 
@@ -122,12 +126,19 @@ class LinkSpec:
 
 @dataclass(frozen=True)
 class ClusterSpec:
+    """``machine``: for a cluster measured here (the calibrated CPU), the machine its
+    calibration is keyed by (host and digest); ``""`` for a preset. ``corrections``:
+    the factors learned from runs on this cluster, when applied
+    (:mod:`unipar.cluster.corrections`; ``None``: as specified)."""
+
     name: str
     nodes: int
     devices_per_node: int
     device: DeviceSpec
     intra_node: LinkSpec
     inter_node: LinkSpec
+    machine: str = ""
+    corrections: Corrections | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.devices_per_node < 1:
@@ -141,8 +152,11 @@ class ClusterSpec:
         return self.nodes * self.devices_per_node
 
     def resized(self, nodes: int, devices_per_node: int | None = None) -> ClusterSpec:
+        """Another size of this cluster, as specified: corrections learned on one size
+        are not carried to another (another size is another cluster)."""
+        base = self if self.corrections is None else self.corrections.base
         return replace(
-            self, nodes=nodes, devices_per_node=devices_per_node or self.devices_per_node
+            base, nodes=nodes, devices_per_node=devices_per_node or self.devices_per_node
         )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from unipar.cluster.spec import ClusterSpec
 from unipar.plan.grad_sync import GradSyncDecision
 from unipar.plan.strategy_search import Candidate
 from unipar.ps.cost import SyncKind
@@ -23,6 +24,7 @@ def explain(report: PlanReport) -> str:
         f"model: {_count(report.profile.params)} parameters, {len(report.profile.layers)} "
         f"layers; cluster: {cluster.nodes} x {cluster.devices_per_node} {cluster.device.name} "
         f"({cluster.device.memory_gib:.1f} GiB); global batch {report.global_batch_size}",
+        *_corrections(cluster),
         f"searched {report.result.evaluated} plans in {report.result.search_time_s:.2f} s "
         f"(analysis {report.analysis_time_s:.2f} s)",
         "",
@@ -89,6 +91,16 @@ def trades(chosen: Candidate, other: Candidate, label: str = "the other plan") -
             "  memory (chosen - other): " + (", ".join(memory) or "the same"),
         ]
     )
+
+
+def _corrections(cluster: ClusterSpec) -> list[str]:
+    """The line saying how runs measured on this cluster corrected its rates (none
+    where none was measured; see ``unipar calibrate --show``)."""
+    corrections = cluster.corrections
+    if corrections is None:
+        return []
+    apart = f"; {corrections.kept_apart} kept apart (overloaded)" if corrections.kept_apart else ""
+    return [f"{corrections.describe()}{apart} (rates against the spec; unipar calibrate --show)"]
 
 
 def _exchange(decision: GradSyncDecision) -> str:

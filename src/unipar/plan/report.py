@@ -6,11 +6,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from unipar.analysis.profile import ModelProfile, analyze
+from unipar.cluster.corrections import base_cluster
 from unipar.cluster.spec import ClusterSpec
 from unipar.errors import ConfigError
 from unipar.models.spec import ModelSpec
 from unipar.plan.grad_sync import GradSyncDecision, decide_grad_sync, sparse_facts
-from unipar.plan.representation import GradSync
+from unipar.plan.representation import GradSync, Plan
 from unipar.plan.strategy_search import Candidate, Constraints, SearchResult, search
 from unipar.ps.cost import SyncKind
 
@@ -53,7 +54,8 @@ class PlanReport:
             "step_time_s": step,
             "memory_gib_per_device": e.memory.total_gib,
             "tflops_per_device": executed / step / devices / 1e12,
-            "mfu": e.model_flops / step / devices / self.cluster.device.peak_flops,
+            # against the spec sheet's peak, not a peak corrected by measured runs
+            "mfu": e.model_flops / step / devices / base_cluster(self.cluster).device.peak_flops,
             "tokens_per_s": self.global_batch_size * self.tokens_per_sample / step,
         }
 
@@ -90,6 +92,7 @@ class PlanReport:
                 "nodes": self.cluster.nodes,
                 "devices_per_node": self.cluster.devices_per_node,
                 "device": self.cluster.device.name,
+                "corrections": _corrections(self.cluster),
             },
             "model": {"params": self.profile.params, "layers": len(self.profile.layers)},
             "alternatives": [self._summary(c) for c in self.result.ranked[1:]],
@@ -115,15 +118,29 @@ class PlanReport:
         return plot_plan(self, directory)
 
 
-def _zero_level(candidate: Candidate) -> int:
-    mesh = candidate.plan.mesh
-    if mesh.fsdp == 1:
-        return 1 if candidate.plan.distributed_optimizer else 0
-    return 3 if candidate.plan.reshard_after_forward else 2
+def _corrections(cluster: ClusterSpec) -> dict[str, Any] | None:
+    """The learned factors applied to the cluster's rates (``None``: as specified)."""
+    corrections = cluster.corrections
+    if corrections is None:
+        return None
+    return {
+        "runs": corrections.runs,
+        "kept_apart": corrections.kept_apart,
+        "factors": {rate.value: value for rate, value in corrections.factors},
+    }
 
 
-def describe(candidate: Candidate) -> str:
-    plan = candidate.plan
+def _zero_level(candidate: Candidate | Plan) -> int:
+    plan = candidate if isinstance(candidate, Plan) else candidate.plan
+    if plan.mesh.fsdp == 1:
+        return 1 if plan.distributed_optimizer else 0
+    return 3 if plan.reshard_after_forward else 2
+
+
+def describe(candidate: Candidate | Plan) -> str:
+    """One line: the mesh, sequence parallelism, ZeRO level, micro-batches, schedule
+    and recompute of a plan (or a candidate's)."""
+    plan = candidate if isinstance(candidate, Plan) else candidate.plan
     mesh = plan.mesh
     parts = [f"tp={mesh.tp}", f"pp={mesh.pp}", f"dp={mesh.dp}", f"fsdp={mesh.fsdp}"]
     if mesh.cp > 1:

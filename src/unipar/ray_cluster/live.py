@@ -16,7 +16,15 @@ def live_cluster_spec(
 ) -> ClusterSpec:
     """``workers`` devices of the connected Ray cluster, as many per node as its largest
     node holds. GPUs take the preset of their type (Ray's ``accelerator_type``); CPU
-    workers are this machine's CPU, calibrated once and cached."""
+    workers are this machine's CPU, calibrated once and cached. Either is corrected by
+    what earlier runs on the same cluster measured
+    (:func:`~unipar.cluster.learned_fit.learned_cluster`)."""
+    from unipar.cluster.learned_fit import learned_cluster
+
+    return learned_cluster(_specified(workers, cpus_per_worker, gpus_per_worker))
+
+
+def _specified(workers: int, cpus_per_worker: float, gpus_per_worker: float) -> ClusterSpec:
     import ray
 
     nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]

@@ -76,7 +76,10 @@ class Controller:
         resume_from: Path | None,
         metrics: MetricsWriter,
         callbacks: Sequence[Callback] = (),
+        predict: Callable[[Plan], float | None] | None = None,
     ) -> None:
+        """``predict``: the cost model's step time of ``plan``, which each step's
+        metrics carry (``None``: not predicted)."""
         self.job, self.plan, self.config = job, plan, config
         self.resume_from = resume_from
         self.metrics = metrics
@@ -87,7 +90,8 @@ class Controller:
             keep=config.keep_checkpoints,
         )
         self.state = RunState()
-        self.aggregator = StepAggregator(plan.mesh.world_size)
+        predicted = predict(plan) if predict is not None else None
+        self.aggregator = StepAggregator(plan.mesh.world_size, predicted)
         self.bar = ProgressBar(job.steps, enabled=config.progress)
 
     def run(self) -> TrainOutcome:

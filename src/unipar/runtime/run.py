@@ -19,6 +19,7 @@ from unipar.runtime.checkpoint import ensure_writable
 from unipar.runtime.config import RunConfig
 from unipar.runtime.controller import Callback, Controller
 from unipar.runtime.elastic.controller import ElasticController
+from unipar.runtime.learn import PredictionCheck, RunLearner, summary_lines
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.preflight import Preflight, first_plan_taken, preflight
 from unipar.runtime.progress import format_summary
@@ -40,6 +41,8 @@ class FitResult:
     explanation: str | None = None  # the planner's, when it chose the plan
     resizes: tuple[Any, ...] = ()  # the elastic gang's ResizeEvents, in order
     trace: TraceOutputs | None = None  # with ``trace_steps``: trace.json, timeline.png
+    # each formation's predicted step time against its measured one (one per size)
+    predictions: tuple[PredictionCheck, ...] = ()
 
     @property
     def losses(self) -> list[float]:
@@ -62,6 +65,7 @@ class FitResult:
             metrics_path=str(self.metrics_path),
             resizes=[str(event) for event in self.resizes],
             trace=self.trace.describe() if self.trace is not None else None,
+            predictions=summary_lines(self.predictions),
         )
 
 
@@ -146,6 +150,8 @@ def run(pre: Preflight) -> FitResult:
                     plan=plan,
                     explanation=explanation,
                 )
+            learner = RunLearner(pre)
+            callbacks = (*pre.callbacks, learner)
             if config.elastic:
                 plan_for = _ElasticPlans(pre, plan if strategy is None else strategy)
                 controller: Controller | ElasticController = ElasticController(
@@ -154,8 +160,9 @@ def run(pre: Preflight) -> FitResult:
                     plan_for=plan_for,
                     resume_from=pre.resume_from,
                     metrics=metrics,
-                    callbacks=pre.callbacks,
+                    callbacks=callbacks,
                     size_target=pre.size_target,
+                    predict=learner.predict,
                 )
             else:
                 assert isinstance(plan, Plan)
@@ -165,7 +172,8 @@ def run(pre: Preflight) -> FitResult:
                     config,
                     resume_from=pre.resume_from,
                     metrics=metrics,
-                    callbacks=pre.callbacks,
+                    callbacks=callbacks,
+                    predict=learner.predict,
                 )
             try:
                 outcome = controller.run()
@@ -173,6 +181,7 @@ def run(pre: Preflight) -> FitResult:
                 metrics.close()
             if isinstance(controller, ElasticController):
                 plan, explanation = controller.plan or plan, plan_for.explanation
+            predictions = learner.finish(controller.state.trace)
             trace = None
             if config.trace_steps is not None and controller.state.trace:
                 assert isinstance(plan, Plan)
@@ -196,6 +205,7 @@ def run(pre: Preflight) -> FitResult:
         explanation=explanation,
         resizes=tuple(getattr(controller, "resizes", ())),
         trace=trace,
+        predictions=predictions,
     )
 
 

@@ -14,6 +14,7 @@ from unipar.job import Job
 from unipar.plan import Plan
 from unipar.ray_cluster.session import require_resources, reserve_bundles
 from unipar.runtime.config import RunConfig
+from unipar.runtime.tracing import steps_traced
 from unipar.runtime.trainer import CheckpointPolicy
 from unipar.runtime.worker import TrainWorker
 
@@ -34,7 +35,7 @@ def check_cluster_resources(config: RunConfig) -> None:
 
 class WorkerGroup:
     def __init__(self, job: Job, plan: Plan, config: RunConfig, checkpoints: CheckpointPolicy):
-        self.config = config
+        self.config, self.job = config, job
         bundle = {"CPU": config.cpus_per_worker}
         if config.gpus_per_worker:
             bundle["GPU"] = config.gpus_per_worker
@@ -76,7 +77,8 @@ class WorkerGroup:
     def train_streams(self) -> list[ray.ObjectRefGenerator]:
         """Start training on every worker; each yields its step reports (and, tracing,
         its records), then its outcome."""
-        return [w.train.remote(self.config.trace_steps) for w in self.workers]
+        traced = steps_traced(self.config.trace_steps, self.job)
+        return [w.train.remote(traced) for w in self.workers]
 
     def shutdown(self) -> None:
         for worker in self.workers:

@@ -166,9 +166,9 @@ def write_trace(
 
 def predicted_run_timeline(profile: ModelProfile, plan: Plan, cluster: ClusterSpec) -> Timeline:
     """The cost model's timeline of ``plan`` for a model of ``profile`` on ``cluster``."""
-    from unipar.plan.cost import CostModel
+    from unipar.plan.predict import estimate_plan
     from unipar.plan.strategy_search import Candidate
-    from unipar.viz.timeline import predicted_timeline, stage_layers
+    from unipar.viz.timeline import predicted_timeline
 
-    estimate = CostModel(profile, cluster).estimate(plan, stage_layers(plan, len(profile.layers)))
+    estimate = estimate_plan(profile, plan, cluster)
     return predicted_timeline(Candidate(plan, estimate), profile, cluster, "predicted")

@@ -78,7 +78,7 @@ from unipar.runtime.elastic.worker import (
 )
 from unipar.runtime.metrics import MetricsWriter, StepAggregator
 from unipar.runtime.progress import ProgressBar
-from unipar.runtime.tracing import TraceBatch
+from unipar.runtime.tracing import TraceBatch, steps_traced
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
 from unipar.runtime.worker_group import WorkerInfo
 
@@ -99,8 +99,12 @@ class ElasticController:
         metrics: MetricsWriter,
         callbacks: Sequence[Callback] = (),
         size_target: Callable[[], int | None] | None = None,
+        predict: Callable[[Plan], float | None] | None = None,
     ) -> None:
+        """``predict``: the cost model's step time of each formation's plan, which its
+        steps' metrics carry (``None``: not predicted)."""
         self.job, self.config, self.plan_for = job, config, plan_for
+        self.predict = predict
         self.size_target = size_target
         self.resume_from = resume_from
         self.metrics, self.callbacks = metrics, callbacks
@@ -224,11 +228,13 @@ class ElasticController:
         ]
         start = self._wait_formed(forms, members)
         self._assembly = SnapshotAssembly(size)  # parts of this gang only
-        self.aggregator = StepAggregator(size)
+        predicted = self.predict(plan) if self.predict is not None else None
+        self.aggregator = StepAggregator(size, predicted)
         self.bar.start_at(start)
         every = self._snapshot_every(plan)
         self.state.trace.clear()  # only the gang that ran the traced steps sends records
-        streams = [Stream(m, m.actor.train.remote(every, config.trace_steps)) for m in members]
+        traced = steps_traced(config.trace_steps, self.job)
+        streams = [Stream(m, m.actor.train.remote(every, traced)) for m in members]
         return self._follow(streams, members)
 
     def _snapshot_every(self, plan: Plan) -> int | None:
