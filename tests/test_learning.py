@@ -83,6 +83,26 @@ def test_one_run_puts_its_error_where_its_time_went():
     assert predicted == pytest.approx(record.measured_s, rel=0.01)
 
 
+def test_a_run_is_predicted_right_again_when_its_forward_disagrees_with_its_step():
+    """Time the model does not price (data loading, clipping, a backward slower than
+    twice the forward) shows in the step, not in the traced forward: the step wins, and
+    the unpriced time goes to compute, not to a link with a tiny share of the step."""
+    step = {Rate.COMPUTE: 0.39, Rate.PER_OP: 0.006, Rate.INTRA_NODE: 0.003, Rate.OPTIMIZER: 0.002}
+    forward = {Rate.COMPUTE: 0.13, Rate.PER_OP: 0.002}
+    record = RunRecord(
+        cluster="c", cluster_label="test", finished_at=0.0, job="job", plan="plan",
+        workers=2, steps=180, predicted_s=0.401, measured_s=0.6, load_average=0.5, cpus=2,
+        observations=(
+            Observation(Measured.STEP, 0.6, 0.401, tuple(step.items())),
+            Observation(Measured.FORWARD, 0.16, 0.132, tuple(forward.items())),
+        ),
+    )
+    factors = fit_factors([record]).factors
+    again = sum(s / factors[rate] for rate, s in step.items())
+    assert again == pytest.approx(0.6, rel=0.02)
+    assert factors[Rate.INTRA_NODE] > 0.8 and factors[Rate.COMPUTE] < 0.75
+
+
 def test_outliers_move_the_factors_little_and_never_past_the_bound():
     records = [_record(s, TRUE, at=i) for i, s in enumerate(_plans(8))]
     odd = [_record(s, TRUE, at=10 + i, scale=40.0) for i, s in enumerate(_plans(2, seed=1))]

@@ -13,9 +13,14 @@ minimise
   reweighted least squares with Gauss-Newton steps (Schlossmacher 1973);
 - relative errors (logarithms): a run of 10 ms counts as much as one of 10 s;
 - ``w_i``: recent runs weigh more, each run ``HALF_LIFE_RUNS`` older half as much;
-- a small pull of every factor towards 1 (``lambda``): a group that no run tells apart
-  from the others keeps its share of the error in proportion to its share of the time,
-  and a group no run exercised stays at 1;
+- a run's step counts fully, its traced components (forward, optimizer) at
+  ``COMPONENT_WEIGHT``: they tell the groups apart, but where they disagree with the
+  step (time the model does not price: data loading, clipping, a backward that is not
+  twice the forward) the step, which is what a plan is chosen by, wins;
+- a pull of every factor towards 1 (``lambda``): a group that no run tells apart from
+  the others keeps its share of the error in proportion to its share of the time, a
+  group no run exercised stays at 1, and two groups the runs cannot tell apart (the
+  FLOP rate and the per-op cost of one plan) do not drift apart to gain a hair of fit;
 - each factor bounded to [1/MAX_FACTOR, MAX_FACTOR]: a correction larger than that is
   no longer a correction of the rates, but of the model;
 - runs on an overloaded machine (:attr:`RunRecord.overloaded`) are left out, and so is
@@ -34,13 +39,14 @@ from pathlib import Path
 import numpy as np
 
 from unipar.cluster.corrections import Rate, corrected
-from unipar.cluster.run_records import RunRecord, records_for
+from unipar.cluster.run_records import Measured, RunRecord, records_for
 from unipar.cluster.spec import ClusterSpec
 
 MAX_FACTOR = 4.0
 HALF_LIFE_RUNS = 4  # a run this many runs older weighs half as much
 MAX_RUNS = 20  # the newest runs fitted
-PRIOR = 1e-2  # lambda: the pull of each log-factor towards 0
+PRIOR = 0.2  # lambda: the pull of each log-factor towards 0 (x2 costs a 5% error)
+COMPONENT_WEIGHT = 0.3  # a traced component's weight against its run's step
 ODD_RUN = 3.0  # a run this many times off the median measured/predicted is left out
 _FLOOR = 1e-3  # smallest |residual| in the reweighting (0.1% in log terms)
 
@@ -74,7 +80,8 @@ def fit_factors(records: Sequence[RunRecord]) -> FittedFactors:
             if sum(row) > 0 and observation.measured_s > 0:
                 rows.append(row)
                 measured.append(observation.measured_s)
-                weights.append(weight)
+                step = observation.what is Measured.STEP
+                weights.append(weight * (1.0 if step else COMPONENT_WEIGHT))
     theta = solve(np.array(rows), np.array(measured), np.array(weights))
     factors = {rate: float(math.exp(t)) for rate, t in zip(rates, theta, strict=True)}
     return FittedFactors(factors, len(usable), kept_apart)
