@@ -114,6 +114,17 @@ def test_outliers_move_the_factors_little_and_never_past_the_bound():
     assert min(alone.factors.values()) == pytest.approx(1 / MAX_FACTOR)
 
 
+def test_a_run_told_a_corrected_prediction_is_not_taken_for_an_odd_one():
+    """Runs after the first were told corrected predictions, close to what they measured;
+    what sets a run apart as odd is its measure against the model as specified."""
+    records = [_record(s, {Rate.COMPUTE: 0.3}, at=i) for i, s in enumerate(_plans(4))]
+    told = [records[0]] + [
+        replace(r, predicted_s=r.measured_s * 1.05) for r in records[1:]  # corrected
+    ]
+    fitted = fit_factors(told)
+    assert fitted.runs == 4 and fitted.factors[Rate.COMPUTE] == pytest.approx(0.3, rel=0.03)
+
+
 def test_runs_of_an_overloaded_machine_are_kept_apart():
     quiet = [_record(s, TRUE, at=i) for i, s in enumerate(_plans(8))]
     loaded = [_record(s, {Rate.COMPUTE: 0.2}, at=20 + i, load=14.0)

@@ -69,7 +69,7 @@ def _learned(directory: Path) -> list[str]:
             f"cluster {records[-1].cluster_label} [{key}]",
             f"  factors  {factors}" if fitted.runs else "  factors  none (no usable run)",
             f"  from {fitted.runs} run(s); {fitted.kept_apart} kept apart (load average above "
-            f"{OVERLOAD:g} x the cores)",
+            f"{OVERLOAD:g} x the cores); {fitted.odd} left out as odd (far off the others)",
             f"  {'finished':16s} {'job':14s} {'plan':50s} {'predicted':>9s} {'measured':>9s} "
             f"{'error':>7s}  load",
         ]

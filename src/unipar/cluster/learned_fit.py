@@ -54,11 +54,13 @@ _FLOOR = 1e-3  # smallest |residual| in the reweighting (0.1% in log terms)
 @dataclass(frozen=True)
 class FittedFactors:
     """The factors (one per :class:`Rate`), fitted from ``runs`` records;
-    ``kept_apart``: records of overloaded machines, left out."""
+    ``kept_apart``: records of overloaded machines, left out; ``odd``: records far off
+    the others (``ODD_RUN``), left out."""
 
     factors: dict[Rate, float]
     runs: int
     kept_apart: int
+    odd: int = 0
 
 
 def fit_factors(records: Sequence[RunRecord]) -> FittedFactors:
@@ -69,9 +71,11 @@ def fit_factors(records: Sequence[RunRecord]) -> FittedFactors:
     usable = sorted(usable, key=lambda r: r.finished_at)[-MAX_RUNS:]
     rates = list(Rate)
     weights_of = [0.5 ** (age / HALF_LIFE_RUNS) for age in range(len(usable))][::-1]
+    before = len(usable)
     usable, weights_of = _without_odd_runs(usable, weights_of)
+    odd = before - len(usable)
     if not usable:
-        return FittedFactors(dict.fromkeys(rates, 1.0), 0, kept_apart)
+        return FittedFactors(dict.fromkeys(rates, 1.0), 0, kept_apart, odd)
     rows, measured, weights = [], [], []
     for record, weight in zip(usable, weights_of, strict=True):
         for observation in record.observations:
@@ -84,23 +88,32 @@ def fit_factors(records: Sequence[RunRecord]) -> FittedFactors:
                 weights.append(weight * (1.0 if step else COMPONENT_WEIGHT))
     theta = solve(np.array(rows), np.array(measured), np.array(weights))
     factors = {rate: float(math.exp(t)) for rate, t in zip(rates, theta, strict=True)}
-    return FittedFactors(factors, len(usable), kept_apart)
+    return FittedFactors(factors, len(usable), kept_apart, odd)
 
 
 def _without_odd_runs(
     records: list[RunRecord], weights: list[float]
 ) -> tuple[list[RunRecord], list[float]]:
     """``records`` (oldest first, with their weights) but those whose measured over
-    predicted step is more than :data:`ODD_RUN` times off the weighted median."""
+    predicted step (the cost model's as specified, not the corrected prediction the run
+    was told) is more than :data:`ODD_RUN` times off the weighted median."""
     if len(records) < 3:
         return records, weights
-    logs = np.array([math.log(r.measured_s / r.predicted_s) for r in records])
+    logs = np.array([math.log(_step_ratio(r)) for r in records])
     middle = weighted_median(logs, np.array(weights))
     keep = np.abs(logs - middle) <= math.log(ODD_RUN)
     return (
         [r for r, k in zip(records, keep, strict=True) if k],
         [w for w, k in zip(weights, keep, strict=True) if k],
     )
+
+
+def _step_ratio(record: RunRecord) -> float:
+    """Measured over the uncorrected prediction of the record's step."""
+    for observation in record.observations:
+        if observation.what is Measured.STEP:
+            return observation.measured_s / observation.predicted_s
+    return record.measured_s / record.predicted_s
 
 
 def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:

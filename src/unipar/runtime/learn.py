@@ -104,10 +104,10 @@ class _Formation:
 
 class RunLearner(Callback):
     """The driver's side of a run's prediction check (module doc). ``directory``: where
-    records go (default ``~/.cache/unipar``); ``learn``: store them."""
+    records go (default ``~/.cache/unipar``)."""
 
-    def __init__(self, pre: Preflight, *, directory: Path | None = None, learn: bool = True):
-        self.pre, self.directory, self.learn = pre, directory, learn
+    def __init__(self, pre: Preflight, *, directory: Path | None = None):
+        self.pre, self.directory = pre, directory
         self.checks: list[PredictionCheck] = []
         self._formation: _Formation | None = None
 
@@ -116,8 +116,13 @@ class RunLearner(Callback):
         under it (the previous formation, if any, ended untraced)."""
         self._close(())
         config = self.pre.config
-        if self.pre.job.adaptive is not None:
+        job = self.pre.job
+        if job.adaptive is not None:
             self._formation = _Formation(plan, None, None, "an adaptive batch changes the step")
+            return None
+        if job.steps < MIN_WARMUP + MIN_MEASURED:  # nothing to compare: no analysis made
+            why = f"{job.steps} steps hold no steady state to measure: at least "
+            self._formation = _Formation(plan, None, None, why + str(MIN_WARMUP + MIN_MEASURED))
             return None
         try:
             cluster = live_cluster_spec(
@@ -166,8 +171,11 @@ class RunLearner(Callback):
             corrections = cluster.corrections
             described = corrections.describe() if corrections is not None else ""
             learned = ""
-            if self.learn and measured is not None:
-                learned = self._store(formation, cluster, measured, steady, trace)
+            if measured is not None:
+                try:
+                    learned = self._store(formation, cluster, measured, steady, trace)
+                except Exception as error:  # learning never costs a finished run its result
+                    learned = f"not learned from: {type(error).__name__}: {error}"
             check = replace(check, corrections=described, learned=learned)
         self.checks.append(check)
 
