@@ -62,6 +62,7 @@ from unipar.plan.memory import (
     memory_terms,
     op_level_saved_elems,
     rank_memory,
+    stores_scores,
 )
 from unipar.plan.representation import (
     Mesh,
@@ -347,6 +348,7 @@ class CostModel:
         self._ranks: dict[tuple[int, int], _RankTimes] = {}
         self._memory: dict[tuple, MemoryTerms] = {}
         self._rings: dict[tuple, float] = {}
+        self._weights: dict[int, list[float]] = {}  # by the identity of kept layer times
         self.is_block = np.array([x.kind is LayerKind.BLOCK for x in self.unique], dtype=float)
 
     def layer_times(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
@@ -372,10 +374,14 @@ class CostModel:
 
     def layer_weights(self, plan: Plan) -> list[float]:
         """Each layer's (compute + communication) seconds under ``plan``, in layer order:
-        what pipeline stages balance."""
+        what pipeline stages balance (one list per layer times, kept: the same list
+        for plans that share them)."""
         compute, comm = self.layer_times(plan)
-        per_unique = compute + comm
-        return [float(per_unique[i]) for i in self.layer_index]
+        weights = self._weights.get(id(compute))
+        if weights is None:
+            per_unique = compute + comm
+            weights = self._weights[id(compute)] = [float(per_unique[i]) for i in self.layer_index]
+        return weights
 
     def rank_loads(self, stages: list[list[int]], pp: int) -> RankLoads:
         seen = self._loads_of.get(id(stages))
@@ -432,10 +438,12 @@ class CostModel:
         return self._ranks[key]
 
     def memory_terms(self, loads: RankLoads, plan: Plan) -> MemoryTerms:
-        key = (id(loads), plan.mesh.tp, plan.sequence_parallel, plan.recompute)
-        if key not in self._memory:
-            self._memory[key] = memory_terms(loads, plan, self.cluster)
-        return self._memory[key]
+        # plain values in the key: hashing an enum member runs Python code
+        key = (id(loads), plan.mesh.tp, plan.sequence_parallel, stores_scores(plan, self.cluster))
+        terms = self._memory.get(key)
+        if terms is None:
+            terms = self._memory[key] = memory_terms(loads, plan, self.cluster)
+        return terms
 
     def ring(self, nbytes: float, mesh: Mesh, axis: Axes, fraction: float) -> float:
         """:func:`ring_time` on this model's cluster, each collective costed once."""

@@ -78,13 +78,19 @@ class StagePartitions:
         bounds = [0, *pipeline_cut_points(profile), self.layers]
         self.units = [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
         self._tables: dict[tuple[float, ...], _Table] = {}
+        # the same list of weights (a cost model's, kept) is summed per unit once
+        self._summed: dict[int, tuple[Sequence[float], tuple[float, ...]]] = {}
 
     def split(self, weights: Sequence[float], parts: int) -> list[list[int]]:
         """The layers of each of ``parts`` stages, cut only at whole blocks, minimising
         the heaviest stage's summed ``weights`` (one per layer)."""
         if parts == 1:
             return [list(range(len(weights)))]
-        unit_weights = tuple(sum(weights[i] for i in unit) for unit in self.units)
+        summed = self._summed.get(id(weights))
+        if summed is None or summed[0] is not weights:
+            units = tuple(sum(weights[i] for i in unit) for unit in self.units)
+            summed = self._summed[id(weights)] = (weights, units)
+        unit_weights = summed[1]
         table = self._tables.get(unit_weights)
         if table is None:
             table = _Table(unit_weights)

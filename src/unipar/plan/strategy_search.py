@@ -204,7 +204,7 @@ def search(
             for schedule, v in _schedules(mesh, profile, m, constraints):
                 for recompute, every in recomputes:
                     chunks = mesh.pp * v
-                    key = (chunks, mesh.tp, recompute, every)
+                    key = (chunks, mesh.tp, recompute.value, every)  # str: hashed at C speed
                     if key not in partitions:
                         # stages balance one sample's layer times: the partition of a key
                         # serves every micro-batch size
