@@ -204,6 +204,7 @@ PLAN_FLAGS = [
     (["gpt", "--gpus-per-node", "0"], "--gpus-per-node must be >= 1"),
     (["gpt", "--fix", "tp=x"], "--fix takes key=value pairs"),
     (["gpt", "--json=1"], "ignored explicit argument"),
+    (["gpt", "--as-specified=yes"], "ignored explicit argument"),
     (["gpt", "--plot", "afile"], "is a file"),
     (["gpt", "--attention", "fast"], "invalid choice"),
     (["gpt", "--kernels", "slow"], "invalid choice"),
