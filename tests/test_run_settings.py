@@ -53,6 +53,7 @@ def test_every_flag_reaches_fit_under_its_field_name():
         *("0.5", "--run-dir", "r", "--checkpoint-dir", "c", "--checkpoint-every", "7"),
         *("--keep-checkpoints", "4", "--resume", "--max-failures", "0", "--no-progress"),
         *("--placement-timeout", "9", "--no-elastic", "--snapshot-every", "5"),
+        *("--collective-timeout", "30"),
         *("--trace", "3", "--strategy", "fsdp", "--address", "10.0.0.5:6379"),
     ]
     options = run_options(build_parser().parse_args(every))
@@ -62,6 +63,7 @@ def test_every_flag_reaches_fit_under_its_field_name():
     assert (config.run_dir, config.checkpoint_dir, config.resume) == (Path("r"), Path("c"), True)
     assert (config.checkpoint_every, config.keep_checkpoints, config.max_failures) == (7, 4, 0)
     assert config.progress is False and config.placement_timeout_s == 9.0
+    assert config.collective_timeout_s == 30.0
     assert config.elastic is False and config.snapshot_every == 5
     assert config.trace_steps == 3
     assert config.plan is Strategy.FSDP and config.address == "10.0.0.5:6379"
@@ -69,7 +71,6 @@ def test_every_flag_reaches_fit_under_its_field_name():
     assert run_options(build_parser().parse_args(["train"])) == {"plan": "auto"}
     assert {f.name for f in fields(RunConfig)} - set(options) == {
         "min_workers",  # set by --workers MIN:MAX
-        "collective_timeout_s",
         "poll_interval_s",
     }
 

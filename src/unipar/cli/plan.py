@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from unipar import checks
 from unipar.cli.plan_hetero import is_hetero_cluster, run_hetero_plan
 from unipar.cluster import cluster_preset
+from unipar.cluster.learned_fit import learned_cluster
 from unipar.errors import ConfigError
 from unipar.plan.representation import PipelineSchedule, Recompute
 
@@ -139,6 +140,8 @@ def run_plan(args: argparse.Namespace) -> int:
         attention=args.attention,
         kernels=args.kernels,
     )
+    if not args.as_specified:  # what runs on this cluster measured, if any ran
+        cluster = learned_cluster(cluster)
     report = plan(spec, cluster, args.global_batch, constraints=constraints)
     versus = None
     if versus_constraints is not None:
@@ -225,6 +228,12 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="also plan with these choices pinned (as --fix) and say what the chosen plan "
         "trades against it, e.g. a published plan: tp=8,pp=16,dp=64",
+    )
+    parser.add_argument(
+        "--as-specified",
+        action="store_true",
+        help="plan with the cluster's rates as specified (spec sheet or calibration), "
+        "without the corrections learned from runs measured on it",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(

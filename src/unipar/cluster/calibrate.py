@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from unipar.cluster.run_records import cache_dir as default_cache_dir
 from unipar.cluster.spec import (
     AttentionKernel,
     ClusterSpec,
@@ -104,9 +105,11 @@ def calibrated_cpu_cluster(
     ``cache_dir`` (default ``~/.cache/unipar``) for :data:`MAX_AGE_S`, keyed by what the
     numbers depend on (:func:`machine`): another CPU, core count, memory size or torch
     version measures again."""
-    device, link = _cached_measurement(cache_dir or Path.home() / ".cache" / "unipar")
+    device, link = _cached_measurement(cache_dir or default_cache_dir())
     device = replace(device, memory_gib=device.memory_gib / devices_per_node)
-    return ClusterSpec("cpu", nodes, devices_per_node, device, link, link)
+    about = machine()
+    where = f"{about['host']}:{machine_key(about)}"
+    return ClusterSpec("cpu", nodes, devices_per_node, device, link, link, machine=where)
 
 
 _CACHE_VERSION = 11
@@ -134,9 +137,13 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def machine_key(about: dict[str, object]) -> str:
+    """A digest of :func:`machine`'s answer: the key of its calibration."""
+    return hashlib.sha256(json.dumps(about, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def cache_file(cache_dir: Path, about: dict[str, object]) -> Path:
-    digest = hashlib.sha256(json.dumps(about, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir / f"cpu-calibration-{digest}.json"
+    return cache_dir / f"cpu-calibration-{machine_key(about)}.json"
 
 
 def read_cache(

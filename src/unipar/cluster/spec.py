@@ -122,12 +122,19 @@ class LinkSpec:
 
 @dataclass(frozen=True)
 class ClusterSpec:
+    """``machine``: for a cluster measured here (the calibrated CPU), the machine its
+    calibration is keyed by (host and digest); ``""`` for a preset. ``corrections``:
+    the factors learned from runs on this cluster, when applied
+    (:mod:`unipar.cluster.corrections`; ``None``: as specified)."""
+
     name: str
     nodes: int
     devices_per_node: int
     device: DeviceSpec
     intra_node: LinkSpec
     inter_node: LinkSpec
+    machine: str = ""
+    corrections: Corrections | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.devices_per_node < 1:
@@ -141,8 +148,11 @@ class ClusterSpec:
         return self.nodes * self.devices_per_node
 
     def resized(self, nodes: int, devices_per_node: int | None = None) -> ClusterSpec:
+        """Another size of this cluster, as specified: corrections learned on one size
+        are not carried to another (another size is another cluster)."""
+        base = self if self.corrections is None else self.corrections.base
         return replace(
-            self, nodes=nodes, devices_per_node=devices_per_node or self.devices_per_node
+            base, nodes=nodes, devices_per_node=devices_per_node or self.devices_per_node
         )
 
 
@@ -243,3 +253,41 @@ PRESETS: dict[str, ClusterSpec] = {
         LinkSpec(bandwidth=25e9 / 8, latency_s=50e-6),  # p3.16xlarge: 25 Gb/s per node
     ),
 }
+
+
+class Rate(Enum):
+    """A group of the cost model's rates that one factor corrects."""
+
+    COMPUTE = "compute"
+    PER_OP = "per-op"
+    FRAMEWORK = "framework"
+    INTRA_NODE = "intra-node link"
+    INTER_NODE = "network"
+    OPTIMIZER = "optimizer"
+
+
+@dataclass(frozen=True)
+class Corrections:
+    """The factors applied to ``base`` (the cluster as specified or calibrated), fitted
+    from ``runs`` measured runs on it (``kept_apart``: runs on an overloaded machine,
+    left out of the fit)."""
+
+    factors: tuple[tuple[Rate, float], ...]
+    runs: int
+    base: ClusterSpec
+    kept_apart: int = 0
+
+    def factor(self, rate: Rate) -> float:
+        return dict(self.factors).get(rate, 1.0)
+
+    def describe(self, threshold: float = 0.02) -> str:
+        """``corrected from 3 runs on this cluster: compute x0.71, ...``: the factors
+        that differ from 1 by more than ``threshold``."""
+        moved = [
+            f"{rate.value} x{value:.2f}"
+            for rate, value in self.factors
+            if abs(value - 1) > threshold
+        ]
+        runs = f"{self.runs} run{'s' * (self.runs != 1)}"
+        shown = ", ".join(moved) or "no factor moved by more than 2%"
+        return f"corrected from {runs} on this cluster: {shown}"

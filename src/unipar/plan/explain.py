@@ -4,8 +4,9 @@ gradient exchange and why, and why a slower plan lost."""
 
 from __future__ import annotations
 
+from unipar.cluster.spec import ClusterSpec
 from unipar.plan.grad_sync import GradSyncDecision
-from unipar.plan.representation import GradSync
+from unipar.plan.representation import GradSync, Plan
 from unipar.plan.strategy_search import Candidate
 
 
@@ -37,6 +38,16 @@ def trades(chosen: Candidate, other: Candidate, label: str = "the other plan") -
             "  memory (chosen - other): " + (", ".join(memory) or "the same"),
         ]
     )
+
+
+def corrections_text(cluster: ClusterSpec) -> list[str]:
+    """The line saying how runs measured on this cluster corrected its rates (none
+    where none was measured; see ``unipar calibrate --show``)."""
+    corrections = cluster.corrections
+    if corrections is None:
+        return []
+    apart = f"; {corrections.kept_apart} kept apart (overloaded)" if corrections.kept_apart else ""
+    return [f"{corrections.describe()}{apart} (rates against the spec; unipar calibrate --show)"]
 
 
 def exchange_text(decision: GradSyncDecision) -> str:
@@ -74,17 +85,18 @@ def versus_text(best: Candidate, other: Candidate, name: str) -> str:
     return f"  {name:60s} +{slower:.1%}  {other.estimate.step_time_s:.3f} s ({reason})"
 
 
-def zero_level(candidate: Candidate) -> int:
+def zero_level(candidate: Candidate | Plan) -> int:
     """The ZeRO stage of the plan (0: none; 1: optimizer state sharded; 2, 3: FSDP)."""
-    mesh = candidate.plan.mesh
-    if mesh.fsdp == 1:
-        return 1 if candidate.plan.distributed_optimizer else 0
-    return 3 if candidate.plan.reshard_after_forward else 2
+    plan = candidate if isinstance(candidate, Plan) else candidate.plan
+    if plan.mesh.fsdp == 1:
+        return 1 if plan.distributed_optimizer else 0
+    return 3 if plan.reshard_after_forward else 2
 
 
-def describe(candidate: Candidate) -> str:
-    """One line: the mesh, sharding, micro-batches, schedule and recompute."""
-    plan = candidate.plan
+def describe(candidate: Candidate | Plan) -> str:
+    """One line: the mesh, sharding, micro-batches, schedule and recompute of a plan (or
+    a candidate's)."""
+    plan = candidate if isinstance(candidate, Plan) else candidate.plan
     mesh = plan.mesh
     parts = [f"tp={mesh.tp}", f"pp={mesh.pp}", f"dp={mesh.dp}", f"fsdp={mesh.fsdp}"]
     if mesh.cp > 1:

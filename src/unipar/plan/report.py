@@ -7,10 +7,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from unipar.analysis.profile import ModelProfile, analyze
+from unipar.cluster.corrections import base_cluster
 from unipar.cluster.spec import ClusterSpec
 from unipar.errors import ConfigError
 from unipar.models.spec import ModelSpec
-from unipar.plan.explain import count_text, describe, exchange_text, versus_text, zero_level
+from unipar.plan.explain import (
+    corrections_text,
+    count_text,
+    describe,
+    exchange_text,
+    versus_text,
+    zero_level,
+)
 from unipar.plan.grad_sync import GradSyncDecision, decide_grad_sync, sparse_facts
 from unipar.plan.representation import GradSync
 from unipar.plan.strategy_search import Candidate, Constraints, SearchResult, search
@@ -54,7 +62,8 @@ class PlanReport:
             "step_time_s": step,
             "memory_gib_per_device": e.memory.total_gib,
             "tflops_per_device": executed / step / devices / 1e12,
-            "mfu": e.model_flops / step / devices / self.cluster.device.peak_flops,
+            # against the spec sheet's peak, not a peak corrected by measured runs
+            "mfu": e.model_flops / step / devices / base_cluster(self.cluster).device.peak_flops,
             "tokens_per_s": self.global_batch_size * self.tokens_per_sample / step,
         }
 
@@ -91,6 +100,7 @@ class PlanReport:
                 "nodes": self.cluster.nodes,
                 "devices_per_node": self.cluster.devices_per_node,
                 "device": self.cluster.device.name,
+                "corrections": _corrections(self.cluster),
             },
             "model": {"params": self.profile.params, "layers": len(self.profile.layers)},
             "alternatives": [self._summary(c) for c in self.result.ranked[1:]],
@@ -113,6 +123,7 @@ class PlanReport:
             f"model: {count_text(self.profile.params)} parameters, {len(self.profile.layers)} "
             f"layers; cluster: {cluster.nodes} x {cluster.devices_per_node} {cluster.device.name} "
             f"({cluster.device.memory_gib:.1f} GiB); global batch {self.global_batch_size}",
+            *corrections_text(cluster),
             f"searched {self.result.evaluated} plans in {self.result.search_time_s:.2f} s "
             f"(analysis {self.analysis_time_s:.2f} s)",
             "",
@@ -147,6 +158,18 @@ class PlanReport:
                 for c in rejected
             ]
         return "\n".join(lines)
+
+
+def _corrections(cluster: ClusterSpec) -> dict[str, Any] | None:
+    """The learned factors applied to the cluster's rates (``None``: as specified)."""
+    corrections = cluster.corrections
+    if corrections is None:
+        return None
+    return {
+        "runs": corrections.runs,
+        "kept_apart": corrections.kept_apart,
+        "factors": {rate.value: value for rate, value in corrections.factors},
+    }
 
 
 def model_profile(model: ModelSpec) -> ModelProfile:

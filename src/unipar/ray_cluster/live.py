@@ -7,6 +7,7 @@ import math
 import ray
 
 from unipar.cluster.hetero import hetero_cluster_from_nodes
+from unipar.cluster.learned_fit import learned_cluster
 from unipar.cluster.spec import PRESETS, ClusterSpec
 from unipar.errors import ResourceError
 
@@ -19,7 +20,13 @@ def live_cluster_spec(
 ) -> ClusterSpec:
     """``workers`` devices of the connected Ray cluster, as many per node as its largest
     node holds. GPUs take the preset of their type (Ray's ``accelerator_type``); CPU
-    workers are this machine's CPU, calibrated once and cached."""
+    workers are this machine's CPU, calibrated once and cached. Either is corrected by
+    what earlier runs on the same cluster measured
+    (:func:`~unipar.cluster.learned_fit.learned_cluster`)."""
+    return learned_cluster(_specified(workers, cpus_per_worker, gpus_per_worker))
+
+
+def _specified(workers: int, cpus_per_worker: float, gpus_per_worker: float) -> ClusterSpec:
     nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
     if gpus_per_worker > 0:
         per_node = max(int(r.get("GPU", 0) // gpus_per_worker) for r in nodes)

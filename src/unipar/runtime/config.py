@@ -187,7 +187,14 @@ class RunConfig:
             flag="--placement-timeout",
         ),
     )
-    collective_timeout_s: float = 300.0
+    collective_timeout_s: float = field(
+        default=300.0,
+        metadata=cli(
+            "seconds a collective may wait for a peer before the gang is treated as broken",
+            type=float,
+            flag="--collective-timeout",
+        ),
+    )
     # The controller takes in step reports at most this often (it shares the workers'
     # cores); a lost worker is still seen within this interval.
     poll_interval_s: float = 0.5

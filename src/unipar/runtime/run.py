@@ -19,6 +19,7 @@ from unipar.runtime.callbacks import Callback
 from unipar.runtime.checkpoint import ensure_writable
 from unipar.runtime.config import RunConfig
 from unipar.runtime.elastic.controller import Controller, check_cluster_resources
+from unipar.runtime.learn import PredictionCheck, RunLearner, summary_lines
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.preflight import Preflight, first_plan_taken, preflight
 from unipar.runtime.progress import format_summary
@@ -40,6 +41,8 @@ class FitResult:
     explanation: str | None = None  # the planner's, when it chose the plan
     resizes: tuple[Any, ...] = ()  # the elastic gang's ResizeEvents, in order
     trace: TraceOutputs | None = None  # with ``trace_steps``: trace.json, timeline.png
+    # each formation's predicted step time against its measured one (one per size)
+    predictions: tuple[PredictionCheck, ...] = ()
 
     @property
     def losses(self) -> list[float]:
@@ -62,6 +65,7 @@ class FitResult:
             metrics_path=str(self.metrics_path),
             resizes=[str(event) for event in self.resizes],
             trace=self.trace.describe() if self.trace is not None else None,
+            predictions=summary_lines(self.predictions),
         )
 
 
@@ -142,6 +146,7 @@ def run(pre: Preflight) -> FitResult:
                     plan=plan,
                     explanation=explanation,
                 )
+            learner = RunLearner(pre)
             plan_for = _PlanForSize(pre, plan if strategy is None else strategy)
             controller = Controller(
                 job,
@@ -149,8 +154,9 @@ def run(pre: Preflight) -> FitResult:
                 plan_for=plan_for,
                 resume_from=pre.resume_from,
                 metrics=metrics,
-                callbacks=pre.callbacks,
+                callbacks=(*pre.callbacks, learner),
                 size_target=pre.size_target,
+                predict=learner.predict,
             )
             try:
                 outcome = controller.run()
@@ -158,6 +164,7 @@ def run(pre: Preflight) -> FitResult:
                 metrics.close()
             plan = controller.plan or plan
             explanation = plan_for.explanation or explanation
+            predictions = learner.finish(controller.state.trace)
             trace = None
             if config.trace_steps is not None and controller.state.trace:
                 assert isinstance(plan, Plan)
@@ -181,6 +188,7 @@ def run(pre: Preflight) -> FitResult:
         explanation=explanation,
         resizes=tuple(controller.resizes),
         trace=trace,
+        predictions=predictions,
     )
 
 

@@ -47,6 +47,24 @@ class TraceBatch:
     records: tuple[TraceRecord, ...]
 
 
+# Every run of at least LEARNING_MIN_STEPS steps traces its last LEARNING_TRACE_STEPS, so
+# that the planner learns its forward and optimizer times (:mod:`unipar.runtime.learn`);
+# nothing is written unless ``trace_steps`` asked for it.
+LEARNING_TRACE_STEPS = 5
+LEARNING_MIN_STEPS = 20
+
+
+def steps_traced(trace_steps: int | None, job: Any) -> int | None:
+    """How many of the last steps a run of ``job`` traces: ``trace_steps`` (``--trace``)
+    if given; else :data:`LEARNING_TRACE_STEPS` where the run is long enough for the
+    planner to learn from (:data:`LEARNING_MIN_STEPS`, a fixed batch); else none."""
+    if trace_steps is not None:
+        return trace_steps
+    if job.adaptive is None and job.steps >= LEARNING_MIN_STEPS:
+        return LEARNING_TRACE_STEPS
+    return None
+
+
 def trace_window(trace_steps: int | None, start: int, steps: int) -> range | None:
     """The steps a run from ``start`` to ``steps`` traces: the last ``trace_steps`` (fewer
     when a resumed or re-formed run has fewer left); ``None`` when tracing is off."""

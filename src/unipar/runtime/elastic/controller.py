@@ -88,7 +88,7 @@ from unipar.runtime.elastic.worker import (
 )
 from unipar.runtime.metrics import MetricsWriter, StepAggregator, StepMetrics
 from unipar.runtime.progress import ProgressBar
-from unipar.runtime.tracing import TraceBatch, TraceRecord
+from unipar.runtime.tracing import TraceBatch, TraceRecord, steps_traced
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
 
 _CLUSTER_CHECK_S = 1.0  # how often the cluster is asked for free room and draining nodes
@@ -129,9 +129,13 @@ class Controller:
         metrics: MetricsWriter,
         callbacks: Sequence[Callback] = (),
         size_target: Callable[[], int | None] | None = None,
+        predict: Callable[[Plan], float | None] | None = None,
     ) -> None:
+        """``predict``: the cost model's step time of each formation's plan, which its
+        steps' metrics carry (``None``: not predicted)."""
         self.job, self.config, self.plan_for = job, config, plan_for
         self.recovery = Recovery.of(config)
+        self.predict = predict
         self.size_target = size_target
         self.resume_from = resume_from
         self.metrics, self.callbacks = metrics, callbacks
@@ -270,11 +274,13 @@ class Controller:
         ]
         start = self._wait_formed(forms, members)
         self._assembly = SnapshotAssembly(size)  # parts of this gang only
-        self.aggregator = StepAggregator(size)
+        predicted = self.predict(plan) if self.predict is not None else None
+        self.aggregator = StepAggregator(size, predicted)
         self.bar.start_at(start)
         every = self._snapshot_every(plan)
         self.state.trace.clear()  # only the gang that ran the traced steps sends records
-        streams = [Stream(m, m.actor.train.remote(every, config.trace_steps)) for m in members]
+        traced = steps_traced(config.trace_steps, self.job)
+        streams = [Stream(m, m.actor.train.remote(every, traced)) for m in members]
         return self._follow(streams, members)
 
     def _snapshot_every(self, plan: Plan) -> int | None:
