@@ -21,10 +21,14 @@ def ncf():
     return load_applications(REFERENCE)["ncf"]
 
 
-def test_a_batch_held_at_m0_step_by_step_takes_the_closed_form_time(ncf):
-    held = AdaptiveBatch(max_global_batch=ncf.init_batch, max_local_batch=ncf.max_local_bsz)
+def test_a_held_batch_step_by_step_takes_the_closed_form_time(ncf):
+    """The runtime's state held at 8192 (16 x M0) by equal bounds: its steps add up to
+    the closed form's seconds, and its own progress count to the trace's target."""
+    held = AdaptiveBatch(max_global_batch=8192, min_global_batch=8192,
+                         max_local_batch=ncf.max_local_bsz)
     run = adaptive_run(ncf, 4, seed=0, adaptive=held, jitter=0.0)
-    closed = fixed_run(ncf, 4, ncf.init_batch)
+    assert set(run.at_batch) == {8192}
+    closed = fixed_run(ncf, 4, 8192)
     assert run.seconds == pytest.approx(closed.seconds, rel=0.01)
     assert run.estimated_progress == pytest.approx(run.target_progress, rel=0.1)
 

@@ -167,12 +167,15 @@ def adaptive_run(
     jitter: float = JITTER,
 ) -> SoloRun:
     """The adaptive batch from M0 (split over ``gpus`` as the runtime splits it), to the
-    trace's completion (see the module's docstring)."""
+    trace's completion (see the module's docstring); bounds that are equal hold the batch
+    there from the first step, as the runtime does."""
     adaptive = adaptive or default_adaptive(app)
     rng = np.random.default_rng(seed)
     truth = _Truth(app, gpus, gpus_per_node)
     max_micro = adaptive.max_local_batch or max(1, adaptive.max_global_batch // gpus)
-    micro, accum = split_batch(app.init_batch, gpus, max_micro)
+    least = adaptive.min_global_batch or app.init_batch
+    held = least == adaptive.max_global_batch  # equal bounds: held there from the start
+    micro, accum = split_batch(least if held else app.init_batch, gpus, max_micro)
     state = AdaptState.start(adaptive, app.init_batch, BatchShape(micro, accum + 1, gpus))
     target = app.target_progress
     progress = seconds = 0.0
