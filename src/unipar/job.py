@@ -20,8 +20,25 @@ from unipar.adapt.config import AdaptiveBatch
 
 ModelFactory = Callable[[], nn.Module]
 DatasetFactory = Callable[[], "torch.utils.data.Dataset[Any]"]
-LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LossFunction = Callable[[Any, Any], torch.Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+# samples -> (inputs, targets), each a tensor or a tuple/list/dict of them, nested
+CollateFunction = Callable[[list[Any]], tuple[Any, Any]]
+# (model, (inputs, targets), ctx) -> loss; ctx: unipar.runtime.step_context.StepContext
+StepFunction = Callable[[nn.Module, tuple[Any, Any], Any], torch.Tensor]
+
+
+class ModelCall(Enum):
+    """How the model takes a batch's inputs: ``model(inputs)`` (``POSITIONAL``), or
+    ``model(**inputs)`` for a dict of named inputs (``KWARGS``, the Hugging Face
+    convention: ``input_ids``, ``attention_mask``, ...)."""
+
+    POSITIONAL = "positional"
+    KWARGS = "kwargs"
+
+    def __call__(self, model: Callable[..., Any], inputs: Any) -> Any:
+        """``model`` applied to ``inputs`` this way."""
+        return model(**inputs) if self is ModelCall.KWARGS else model(inputs)
 
 
 class OptimizerKind(Enum):
@@ -110,6 +127,18 @@ class Job:
     The dataset yields ``(inputs, targets)`` pairs; the model maps a batch of
     inputs to outputs and ``loss(outputs, targets)`` reduces them to a scalar mean.
     ``global_batch_size`` counts samples per optimizer step over all workers.
+
+    Inputs and targets may be tensors or tuples, lists or dicts of tensors, nested
+    (``{"input_ids": ..., "attention_mask": ...}``); the leading dimension of every
+    tensor is the batch dimension. ``collate`` turns a list of samples into a batch
+    (default: ``torch.utils.data.default_collate``); ``call`` says whether the model
+    takes the batch's inputs as ``model(inputs)`` or ``model(**inputs)``.
+
+    ``step``: your own step, ``step(model, (inputs, targets), ctx) -> loss``, in place
+    of ``loss(model(inputs), targets)`` (several losses, a loss that needs other ranks'
+    data); ``ctx`` is a :class:`~unipar.runtime.step_context.StepContext` (the run's
+    device mesh, its process groups per axis, the plan, the rank). The runtime scales
+    the loss and runs backward as for ``loss``.
     """
 
     model: ModelFactory
@@ -124,9 +153,13 @@ class Job:
     grad_clip_norm: float | None = None
     # adapt the batch (and the learning rate) between global_batch_size and a bound
     adaptive: AdaptiveBatch | None = None
+    call: ModelCall = ModelCall.POSITIONAL
+    collate: CollateFunction | None = None
+    step: StepFunction | None = None
 
     def __post_init__(self) -> None:
         validate.check_job(self)
+        object.__setattr__(self, "call", ModelCall(self.call))
 
     def build_optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
         if isinstance(self.optimizer, OptimizerSpec):

@@ -197,6 +197,18 @@ def check_job(job: Any) -> None:
         number("Job.grad_clip_norm", job.grad_clip_norm, above=0)
     if job.adaptive is not None:
         check_adaptive_for_job(job.adaptive, job)
+    from unipar.job import ModelCall
+
+    member("Job.call", job.call, ModelCall)
+    if job.collate is not None:
+        callable_("Job.collate", job.collate, "collate(samples) -> (inputs, targets)")
+    if job.step is not None:
+        callable_("Job.step", job.step, "step(model, (inputs, targets), ctx) -> loss")
+        if job.adaptive is not None:
+            raise ConfigError(
+                "an adaptive batch checks that the job's loss is a mean over samples, which "
+                "it cannot do for a custom Job.step; leave out one of step and adaptive"
+            )
 
 
 def check_adaptive(adaptive: Any) -> None:

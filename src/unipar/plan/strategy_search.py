@@ -106,11 +106,23 @@ def balanced_partition(weights: Sequence[float], parts: int) -> list[list[int]]:
 
 
 def pipeline_cut_points(profile: ModelProfile) -> list[int]:
-    """Layers a pipeline stage may start at: every block but the first. Layers around
-    the blocks (embeddings, final norm, output) stay with their neighbouring block, as in
-    Megatron-LM and torchtitan, so a stage is always a run of whole blocks."""
+    """Layers a pipeline stage may start at. A model of repeated blocks is cut before
+    every block but the first; the layers around the blocks (embeddings, final norm,
+    output) stay with their neighbouring block, as in Megatron-LM and torchtitan, so a
+    stage is a run of whole blocks. A model with fewer than two blocks (an
+    ``nn.Sequential`` of convolutions, activations and linear layers) is cut before any
+    layer holding parameters but the first: GPipe's cut of a sequence of layers (Huang
+    et al. 2019, Sec. 2)."""
     blocks = [i for i, layer in enumerate(profile.layers) if layer.kind is LayerKind.BLOCK]
-    return blocks[1:]
+    if len(blocks) >= 2:
+        return blocks[1:]
+    holding = [i for i, layer in enumerate(profile.layers) if layer.params > 0]
+    return holding[1:]
+
+
+def max_pipeline_stages(profile: ModelProfile) -> int:
+    """How many pipeline stages the model's cut points allow."""
+    return len(pipeline_cut_points(profile)) + 1
 
 
 def stage_partition(profile: ModelProfile, weights: Sequence[float], parts: int) -> list[list[int]]:
@@ -153,13 +165,14 @@ def _meshes(
     if all(v is not None for v in pinned):
         devices = fixed.tp * fixed.pp * fixed.dp * fixed.fsdp * (fixed.cp or 1)  # type: ignore[operator]
     cps = context_parallel_sizes(profile, fixed)
+    stages = max_pipeline_stages(profile)
     for tp in _divisors(cluster.devices_per_node):
         if fixed.tp not in (None, tp) or devices % tp:
             continue
         if any(size % tp for _, size in profile.tp_divisibility):
             continue
         for pp in _divisors(devices // tp):
-            if fixed.pp not in (None, pp) or pp > max(1, profile.num_blocks):
+            if fixed.pp not in (None, pp) or pp > stages:
                 continue
             for cp in cps:
                 if (devices // (tp * pp)) % cp:
@@ -215,7 +228,7 @@ def _schedules(mesh: Mesh, profile: ModelProfile, m: int, fixed: Constraints):  
             # Megatron's interleaving needs m to be a multiple of pp.
             if fixed.virtual_stages not in (None, v):
                 continue
-            if mesh.pp * v <= profile.num_blocks and m % mesh.pp == 0:
+            if mesh.pp * v <= max_pipeline_stages(profile) and m % mesh.pp == 0:
                 yield schedule, v
 
 
@@ -334,13 +347,13 @@ def check_constraints(
                 f"{cluster.devices_per_node}; choose tp among "
                 f"{_divisors(cluster.devices_per_node)}"
             )
-    if fixed.pp is not None and fixed.pp > max(1, profile.num_blocks):
+    stages = max_pipeline_stages(profile)
+    if fixed.pp is not None and fixed.pp > stages:
         raise ConfigError(
-            f"pipeline stages are runs of whole blocks (layers with sub-layers), but got "
-            f"pp={fixed.pp} for a model with {profile.num_blocks} block(s) among its layers "
-            f"{[layer.name for layer in profile.layers]}; choose pp <= "
-            f"{max(1, profile.num_blocks)}, build the model from repeated blocks, or use dp, "
-            "fsdp or tp"
+            f"pipeline stages are runs of whole blocks (layers with sub-layers), or of "
+            f"layers where the model has fewer than two blocks, but got pp={fixed.pp} for a "
+            f"model whose layers {[layer.name for layer in profile.layers]} allow "
+            f"{stages} stage(s); choose pp <= {stages}, or use dp, fsdp or tp"
         )
     sizes = {"tp": fixed.tp, "pp": fixed.pp, "dp": fixed.dp, "fsdp": fixed.fsdp, "cp": fixed.cp}
     pinned = {k: v for k, v in sizes.items() if v is not None}
