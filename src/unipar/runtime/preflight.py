@@ -135,8 +135,9 @@ def preflight(
 def _with(pre: Preflight, **changes: object) -> Preflight:
     """``pre`` with ``changes``, keeping facts already learned."""
     changed = replace(pre, **changes)
-    if "facts" in pre.__dict__:
-        changed.__dict__["facts"] = pre.__dict__["facts"]
+    for learned in ("batch", "facts"):
+        if learned in pre.__dict__:
+            changed.__dict__[learned] = pre.__dict__[learned]
     return changed
 
 

@@ -60,6 +60,7 @@ class _Replica:
     def train(self, job: Any, samples: list[int], microbatch_size: int) -> dict[str, Any]:
         import torch.distributed as dist
 
+        from unipar.data.batch import collate
         from unipar.data.sampler import GlobalBatchSampler
 
         torch.manual_seed(job.seed)
@@ -80,10 +81,9 @@ class _Replica:
             loss_sum = torch.zeros(())
             for first in range(0, mine, microbatch_size):
                 batch = [dataset[int(i)] for i in indices[first : first + microbatch_size]]
-                inputs = torch.stack([s[0] for s in batch])
-                targets = torch.stack([s[1] for s in batch])
+                inputs, targets = collate(batch, job.collate)
                 weight = len(batch) / job.global_batch_size
-                loss = job.loss(model(inputs), targets) * weight
+                loss = job.loss(job.call(model, inputs), targets) * weight
                 loss.backward()
                 loss_sum += loss.detach()
             for p in params:

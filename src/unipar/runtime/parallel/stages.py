@@ -133,14 +133,17 @@ class StandIn(nn.Identity):
     A subclass of ``nn.Identity``: placeholders in a list of blocks are not blocks
     (:func:`~unipar.analysis.profile.block_list`)."""
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, shapes: dict | None = None) -> None:
+        """``shapes``: output shapes found so far, by layer and input shapes (shared by
+        the stand-ins of one check, so each layer runs once whatever the stages)."""
         super().__init__()
         self.__dict__["_layer"] = layer  # not a submodule: its parameters are not ours
-        self.__dict__["_shapes"] = {}
+        self.__dict__["_shapes"] = {} if shapes is None else shapes
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        key = tuple((tuple(t.shape), t.dtype) for t in tensors), len(args), tuple(kwargs)
+        shapes = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        key = id(self._layer), shapes, len(args), tuple(kwargs)
         if key not in self._shapes:
             self._shapes[key] = self._output_like(args, kwargs)
         device = tensors[0].device if tensors else torch.device("cpu")
@@ -171,11 +174,11 @@ def set_layer(model: nn.Module, name: str, layer: nn.Module) -> None:
         setattr(parent, child, layer)
 
 
-def _stand_in_others(model: nn.Module, keep: Sequence[str]) -> None:
+def _stand_in_others(model: nn.Module, keep: Sequence[str], shapes: dict | None = None) -> None:
     """Replace the layers with parameters that are not in ``keep`` by stand-ins."""
     for name, layer in layer_sequence(model):
         if name not in keep and any(True for _ in layer.parameters()):
-            set_layer(model, name, StandIn(layer))
+            set_layer(model, name, StandIn(layer, shapes))
 
 
 def build_stage(model: nn.Module, keep: Sequence[str]) -> nn.Module:
@@ -323,10 +326,10 @@ class PipelineLoss:
 
 
 @contextlib.contextmanager
-def _standing_in(model: nn.Module, keep: Sequence[str]) -> Iterator[None]:
+def _standing_in(model: nn.Module, keep: Sequence[str], shapes: dict) -> Iterator[None]:
     """Temporarily stand in for the layers not in ``keep`` in ``model`` itself."""
     saved = {name: layer for name, layer in layer_sequence(model)}
-    _stand_in_others(model, keep)
+    _stand_in_others(model, keep, shapes)
     try:
         yield
     finally:
@@ -342,8 +345,9 @@ def _stage_failure(
     expected = call(model, sample)
     h: tuple[torch.Tensor, ...] = ()
     output: Any = None
+    shapes: dict = {}
     for index, keep in enumerate(chunks):
-        with _standing_in(model, keep):
+        with _standing_in(model, keep, shapes):
             run = attach_stage_forward(model, chunks, index, call)
             try:
                 out = run(*h, batch=sample)
