@@ -181,7 +181,8 @@ class Trainer:
         if self.world_size > 1:
             module = apply_ddp(module, self.device)
         coordinates = self.plan.mesh.coordinates(self.rank)
-        mesh = device_mesh_for(self.plan, self.device) if self.job.step is not None else None
+        wanted = self.job.step is not None and self.world_size > 1  # one process: no group
+        mesh = device_mesh_for(self.plan, self.device) if wanted else None
         self.model = ParallelModel(
             parts=[module], plan=self.plan, coordinates=coordinates, device_mesh=mesh
         )

@@ -333,7 +333,8 @@ def parallelize(
         model = apply_recompute(reference, plan).to(device)
         if world_size > 1:
             model = apply_ddp(model, device)
-        made = device_mesh_for(plan, device) if mesh_for_step and mesh.cp == 1 else None
+        wanted = mesh_for_step and mesh.cp == 1 and world_size > 1  # one process: no group
+        made = device_mesh_for(plan, device) if wanted else None
         return ParallelModel(parts=[model], plan=plan, coordinates=coordinates, device_mesh=made)
 
     rng = torch.get_rng_state()
