@@ -275,7 +275,7 @@ class StageForward:
             assert self._captured is not None  # _take_out saw one call
             return self._captured
         leaves, spec = tree_flatten(output)
-        constants = [None if isinstance(x, torch.Tensor) else x for x in leaves]
+        constants = [_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves]
         self.output_spec = (spec, constants)
         return tuple(x for x in leaves if isinstance(x, torch.Tensor))
 
@@ -284,7 +284,10 @@ class StageForward:
         returned (:meth:`__call__`)."""
         spec, constants = self.output_spec
         given = iter(tensors)
-        return tree_unflatten([next(given) if c is None else c for c in constants], spec)
+        return tree_unflatten([next(given) if c is _TENSOR else c for c in constants], spec)
+
+
+_TENSOR = object()  # where a tensor goes back into the last stage's output
 
 
 def _first_tensor_keyword(kwargs: dict, layer: str | None) -> str:
