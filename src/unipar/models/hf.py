@@ -82,10 +82,11 @@ def _config_value(config: Any, *names: str) -> int | None:
 
 def hf_model_facts(model: nn.Module) -> ModelFacts | None:
     """Residual width and the sizes tensor parallelism must divide, from the config of
-    an HF model (``None`` for other models)."""
-    if not is_hf_model(model):
+    an HF model, or of the first one inside the user's model (``None`` for others)."""
+    inner = next((module for module in model.modules() if is_hf_model(module)), None)
+    if inner is None:
         return None
-    config = model.config
+    config = inner.config
     hidden = _config_value(config, "hidden_size", "n_embd", "d_model")
     if hidden is None:
         return None
