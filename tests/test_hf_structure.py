@@ -15,7 +15,7 @@ from plans_for_tests import planned
 
 from unipar import ConfigError, UnsupportedPlanError
 from unipar.analysis import LayerKind, layer_sequence
-from unipar.job import ModelCall
+from unipar.model_call import ModelCall
 from unipar.plan import PipelineSchedule, TensorParallelStyle
 from unipar.plan.for_job import job_model_spec
 from unipar.runtime.parallel import stages

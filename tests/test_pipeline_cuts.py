@@ -17,7 +17,7 @@ from torch import nn
 
 from unipar import Job, UnsupportedPlanError
 from unipar.analysis import LayerKind, layer_sequence
-from unipar.job import ModelCall
+from unipar.model_call import ModelCall
 from unipar.plan import TensorParallelStyle
 from unipar.plan.for_job import job_facts
 from unipar.runtime.config import RunConfig

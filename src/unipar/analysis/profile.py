@@ -27,12 +27,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from unipar.analysis.meta import branch_on_meta, build_on_meta
+from unipar.analysis.meta import NotCompiled, branch_on_meta, build_on_meta
 from unipar.errors import ConfigError
-from unipar.job import ModelCall
+from unipar.model_call import ModelCall
 
 _VIEW_LIKE = {"_unsafe_view", "alias", "detach"}
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
@@ -176,7 +175,7 @@ def is_attention_scores(t: object, seq: int | None) -> bool:
     return tuple(t.shape[-2:]) == (seq, seq) and t.shape[:-2].numel() > 1
 
 
-class _Recorder(TorchDispatchMode):
+class _Recorder(NotCompiled):
     def __init__(self, hidden: int | None, seq: int | None = None) -> None:
         super().__init__()
         self.hidden = hidden

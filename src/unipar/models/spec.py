@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from unipar.analysis.meta import build_on_meta
-from unipar.job import ModelCall
+from unipar.model_call import ModelCall
 
 
 @dataclass(frozen=True)

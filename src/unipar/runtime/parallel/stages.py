@@ -47,7 +47,7 @@ from unipar.analysis.meta import BranchesOnMeta
 from unipar.analysis.profile import layer_sequence
 from unipar.data.batch import same_structure, to_meta
 from unipar.errors import UnsupportedPlanError
-from unipar.job import ModelCall
+from unipar.model_call import ModelCall
 from unipar.plan import Plan
 
 _STRATEGIES_WITHOUT_PP = "dp, fsdp and tp (plans with pp=1)"
