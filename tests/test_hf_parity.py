@@ -1,6 +1,9 @@
 """Parity: tiny random-initialised Hugging Face models (Llama, Qwen2 with tied word
 embeddings, GPT-2 with its tied head, Conv1D and fused c_attn) train under every kind
-of plan to the single-process losses and weights.
+of plan to the single-process losses and weights. Llama's job has the user's own loss,
+reading ``out.logits``: under pp the last stage hands it the model's own
+``ModelOutput``, as every other plan does. A user's module calling GPT-2 by keyword
+(``self.gpt(input_ids=x)``) trains under pp.
 
 Each plan comes from the planner with its mesh pinned; the runtime applies it on Ray
 workers. Three steps per case keep the 18 cases small.

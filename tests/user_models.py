@@ -1,40 +1,23 @@
-"""The jobs people write, small: a Hugging Face causal LM with the user's own loss, a
-user's module wrapping a Hugging Face model, a BERT classifier on dict batches, a CNN as
-an ``nn.Sequential`` on scikit-learn's digits, a classifier of the user's own on dict
-batches, and a custom step. Tiny random-initialised configs, nothing downloaded, no
-dropout (parity)."""
+"""The jobs people write, small: a BERT classifier on dict batches, a CNN as an
+``nn.Sequential`` on scikit-learn's digits, a classifier of the user's own on dict
+batches (with a custom step in test_custom_step), and a user's module wrapping a Hugging
+Face model (``hf_models``, whose Llama job also has the user's own loss reading
+``.logits``). Tiny random-initialised configs, nothing downloaded, no dropout
+(parity)."""
 
 from __future__ import annotations
 
 import functools
 
 import torch
-from hf_models import gpt2, llama
+from hf_models import hf_job
 from torch import nn
-from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 from unipar.job import Job
-from unipar.testing import RandomTokens, small_job
+from unipar.testing import small_job
 
 VOCAB, SEQ = 128, 16
-
-
-def logits_loss(output, targets):  # type: ignore[no-untyped-def]
-    """A user's loss that reads ``.logits`` (a ``ModelOutput`` under every plan)."""
-    logits = output.logits
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
-
-
-class GPT2ByKeyword(nn.Module):
-    """A user's module holding a Hugging Face model, calling it by keyword."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.m = gpt2()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.m(input_ids=x).logits
 
 
 class Sentences(Dataset):
@@ -138,16 +121,6 @@ class DictClassifier(nn.Module):
         return self.head(pooled)
 
 
-def llama_with_logits_loss(steps: int = 3) -> Job:
-    tokens = functools.partial(RandomTokens, 64, SEQ, VOCAB)
-    return small_job("llama-logits", llama, tokens, logits_loss, steps=steps, batch=8)
-
-
-def gpt2_by_keyword(steps: int = 3) -> Job:
-    tokens = functools.partial(RandomTokens, 64, SEQ, VOCAB)
-    return small_job("gpt2-in-user-module", GPT2ByKeyword, tokens, steps=steps)
-
-
 def bert_classifier(steps: int = 3) -> Job:
     return small_job("bert", bert, Sentences, steps=steps, call="kwargs")
 
@@ -161,8 +134,7 @@ def dict_classifier(steps: int = 3) -> Job:
 
 
 JOBS = {
-    "llama-logits-loss": llama_with_logits_loss,
-    "gpt2-in-user-module": gpt2_by_keyword,
+    "gpt2-in-user-module": functools.partial(hf_job, "gpt2-in-user-model"),
     "bert-classifier": bert_classifier,
     "sequential-cnn": sequential_cnn,
     "dict-classifier": dict_classifier,
