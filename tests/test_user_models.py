@@ -59,7 +59,7 @@ PLANS = {
     "auto": None,
 }
 RUNS = {
-    "gpt2-in-user-module": ["auto"],
+    "gpt2-in-user-model": ["auto"],
     "bert-classifier": ["dp2", "fsdp2", "tp2", "pp2-1f1b", "auto"],
     "sequential-cnn": ["pp2-gpipe", "auto"],
     "dict-classifier": ["pp2-1f1b"],

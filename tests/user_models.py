@@ -134,7 +134,7 @@ def dict_classifier(steps: int = 3) -> Job:
 
 
 JOBS = {
-    "gpt2-in-user-module": functools.partial(hf_job, "gpt2-in-user-model"),
+    "gpt2-in-user-model": functools.partial(hf_job, "gpt2-in-user-model"),
     "bert-classifier": bert_classifier,
     "sequential-cnn": sequential_cnn,
     "dict-classifier": dict_classifier,

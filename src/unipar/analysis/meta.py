@@ -106,7 +106,7 @@ def branch_on_meta(func: object, args: tuple) -> bool:
     )
 
 
-class BranchesOnMeta(TorchDispatchMode):
+class BranchesOnMeta(NotCompiled):
     """Run a forward on the meta device through branches on data (see
     :func:`branch_on_meta`)."""
 
