@@ -92,6 +92,30 @@ class SkipInPlaceOnMeta(NotCompiled):
         return func(*args, **(kwargs or {}))
 
 
+def branch_on_meta(func: object, args: tuple) -> bool:
+    """Whether ``func(*args)`` reads a boolean from a meta tensor (a branch on data:
+    Hugging Face's mask code checks ``(...).all()`` for packed sequences). Meta tensors
+    hold no values; the caller takes the true branch, which is the plain batch's (one
+    sequence per row)."""
+    target = args[0] if args else None
+    return (
+        func is torch.ops.aten._local_scalar_dense.default
+        and isinstance(target, torch.Tensor)
+        and target.is_meta
+        and target.dtype is torch.bool
+    )
+
+
+class BranchesOnMeta(NotCompiled):
+    """Run a forward on the meta device through branches on data (see
+    :func:`branch_on_meta`)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if branch_on_meta(func, args):
+            return True
+        return func(*args, **(kwargs or {}))
+
+
 def build_on_meta(factory: Callable[[], nn.Module]) -> nn.Module:
     """``factory()`` on the meta device; a factory that fails there raises
     :class:`ConfigError` naming why."""
