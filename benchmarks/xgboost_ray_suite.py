@@ -48,16 +48,12 @@ FILES = (
 # Ray instances and wait little; no Ray Tune runs.
 FAST = {
     "test_matrix.py": "not testLegacyParams and not testFeatureWeightsParam",
-    "test_data_source.py": (
-        "PartitionedSourceTest and (testAssignEvenRedistributeOne or "
-        "testAssignUnevenRedistributeColocated)"
-    ),
+    "test_data_source.py": "PartitionedSourceTest and testAssignUnevenRedistributeColocated",
     "test_xgboost_api.py": "testCallbacks or testCustomObjectiveFunction",
     "test_end_to_end.py": (
-        "testJointTrainingBatch or testTrainPredictRemote or "
-        "testDistributedCallbacksTrainPredict or testKwargsValidation"
+        "testTrainPredictRemote or testDistributedCallbacksTrainPredict or testKwargsValidation"
     ),
-    "test_sklearn.py": "test_binary_classification_dmatrix_params or test_ranking",
+    "test_sklearn.py": "test_binary_classification_dmatrix_params",
     "test_fault_tolerance.py": "testTrainingContinuationKilled and not Elastic",
 }
 
