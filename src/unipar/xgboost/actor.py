@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from unipar.ray_cluster.supervisor import describe_process
 from unipar.xgboost.lean_import import import_xgboost_core
 from unipar.xgboost.matrix import RayDMatrix
 from unipar.xgboost.session import init_session
@@ -50,8 +51,6 @@ class XGBoostActor:
 
     def describe(self) -> tuple[int, str, str]:
         """(process id, node IP, Ray node id): what the gang supervisor follows."""
-        from unipar.runtime.gang import describe_process
-
         return describe_process()
 
     def load(self, name: str, matrix: RayDMatrix, shard: Shard) -> int:
@@ -114,10 +113,10 @@ class XGBoostActor:
         model (rank 0 only), the rounds done and the evaluation log; or, if training
         failed here, ``{"error": ..., "collective": <a peer broke the collective>,
         "exited": <user code called sys.exit()>}``."""
-        import xgboost as xgb
-        from xgboost import collective
+        import xgboost as xgb  # noqa: PLC0415 (heavy: xgboost)
+        from xgboost import collective  # noqa: PLC0415 (heavy: xgboost)
 
-        from unipar.xgboost.round_callback import RoundCallback
+        from unipar.xgboost.round_callback import RoundCallback  # noqa: PLC0415 (heavy: xgboost)
 
         self.stop_requested.clear()
         done_before, model = (start[0], bytearray(start[1])) if start else (0, None)
@@ -186,7 +185,7 @@ class XGBoostActor:
     ) -> tuple[np.ndarray, list[int]]:
         """Predictions on the shard, in its rows' order, and the rows of each of its
         parts (none for in-memory data)."""
-        import xgboost as xgb
+        import xgboost as xgb  # noqa: PLC0415 (heavy: xgboost)
 
         booster = xgb.Booster(model_file=bytearray(model))
         parts = self._read(matrix, shard)
@@ -206,7 +205,7 @@ class XGBoostActor:
 def to_dmatrix(
     matrix: RayDMatrix, parts: dict[str, Any], ref: xgb.DMatrix | None = None
 ) -> xgb.DMatrix:
-    import xgboost as xgb
+    import xgboost as xgb  # noqa: PLC0415 (heavy: xgboost)
 
     data = parts["data"]
     fields = {k: v for k, v in parts.items() if k in FIELDS}

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from unipar.ray_session import start_ray
+from unipar.ray_cluster.session import start_ray
 
 
 def attach_or_start_ray(before_starting: Callable[[], None] | None = None) -> None:
@@ -22,7 +23,7 @@ def attach_or_start_ray(before_starting: Callable[[], None] | None = None) -> No
         return
     address = os.environ.get("RAY_ADDRESS")
     if address and address != "local":
-        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        start_ray(address)  # probed first; sends the token a cluster under token auth needs
         return
     if not address:
         try:  # a cluster started on this machine: attach, as ray.init() does
@@ -39,8 +40,6 @@ def run_on_this_node(function: Callable[..., Any], *args: Any, **kwargs: Any) ->
     """``function(*args, **kwargs)`` run by a Ray task pinned to this node, its result
     returned (XGBoost-Ray's ``_remote``: the driver's part of a call runs inside the
     cluster, as Ray Client users need)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     task = ray.remote(num_cpus=0)(function).options(scheduling_strategy=here)
     return ray.get(task.remote(*args, **kwargs))

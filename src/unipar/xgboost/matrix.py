@@ -39,6 +39,7 @@ from unipar.xgboost.sources import (
     kind_of,
     named_columns,
     read_parts,
+    read_shard,
     sort_by_query,
     split_frame,
 )
@@ -301,7 +302,7 @@ class RayDMatrix:
         return self._shards[num_actors]
 
     def _make_shards(self, n: int, actors: Sequence[Any] | None) -> list[Shard]:
-        import ray
+        import ray  # noqa: PLC0415 (heavy: Ray)
 
         hints = list(actors) if actors is not None and len(actors) == n else None
         if self.kind is SourceKind.RAY_DATASET:
@@ -350,8 +351,6 @@ class RayDMatrix:
         """The shard of actor ``rank`` as XGBoost-Ray returns it: pandas objects under the
         names of ``xgboost.DMatrix``'s arguments (``data``, ``label``, ``qid``, ...; None
         where absent), read here."""
-        from unipar.xgboost.sources import read_shard
-
         shard = self.shards(self._actor_count(num_actors))[rank]
         return as_xgboost_ray_dict(read_shard(self, shard), self.feature_weights)
 

@@ -129,10 +129,10 @@ def filetype_of(path: str) -> RayFileType:
 
 def file_columns(path: str, filetype: RayFileType, read_options: Mapping[str, Any]) -> list[str]:
     """A file's column names, read from its header or schema only."""
-    import pandas as pd
+    import pandas as pd  # noqa: PLC0415 (heavy: pandas)
 
     if filetype is RayFileType.PARQUET:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # noqa: PLC0415 (heavy: pyarrow)
 
         names = list(pq.read_schema(_local(path)).names)
         wanted = read_options.get("columns")
@@ -142,13 +142,13 @@ def file_columns(path: str, filetype: RayFileType, read_options: Mapping[str, An
 
 def read_parts(kind: SourceKind, parts: Sequence[Any], matrix: Any) -> tuple[Any, list[int]]:
     """The rows of ``parts`` as one DataFrame, and the rows of each part."""
-    import pandas as pd
+    import pandas as pd  # noqa: PLC0415 (heavy: pandas)
 
     if kind is SourceKind.FILES:
         read = pd.read_parquet if matrix.filetype is RayFileType.PARQUET else pd.read_csv
         frames = [read(_local(path), **matrix.read_options) for path in parts]
     else:
-        import ray
+        import ray  # noqa: PLC0415 (heavy: Ray)
 
         values = (
             matrix.get_parts(list(parts))
@@ -205,7 +205,7 @@ def sort_by_query(parts: dict[str, Any]) -> np.ndarray | None:
 def as_xgboost_ray_dict(parts: Mapping[str, Any], feature_weights: Any) -> dict[str, Any]:
     """A shard as XGBoost-Ray's ``RayDMatrix.get_data`` returns it: pandas objects under
     the names of ``xgboost.DMatrix``'s arguments (None where absent)."""
-    import pandas as pd
+    import pandas as pd  # noqa: PLC0415 (heavy: pandas)
 
     data = parts.get("data")
     if data is not None and not is_frame(data):
@@ -223,7 +223,7 @@ def as_xgboost_ray_dict(parts: Mapping[str, Any], feature_weights: Any) -> dict[
 
 def concat_dataframes(dfs: Sequence[Any]) -> Any:
     """XGBoost-Ray's helper: the non-None frames one below the other, renumbered."""
-    import pandas as pd
+    import pandas as pd  # noqa: PLC0415 (heavy: pandas)
 
     return pd.concat([df for df in dfs if df is not None], ignore_index=True)
 
@@ -231,7 +231,7 @@ def concat_dataframes(dfs: Sequence[Any]) -> Any:
 def read_shard(matrix: Any, shard: Shard) -> dict[str, Any]:
     """The shard's rows: ``{"data": ..., "label": ..., ...}``, with ``part_rows`` (rows of
     each part read) and ``order`` (the shard's sort by ``qid``, or None)."""
-    import ray
+    import ray  # noqa: PLC0415 (heavy: Ray)
 
     if shard.rows is not None:
         return dict(ray.get(shard.rows))

@@ -59,7 +59,7 @@ class TuneReportCallback:
         return (last and self._checkpoint_at_end) or bool(every and rounds % every == 0)
 
     def report(self, rounds: int, values: dict[str, float], model: bytes | None) -> None:
-        from ray import tune
+        from ray import tune  # noqa: PLC0415 (heavy: Ray Tune)
 
         metrics = {**self.select(values), "training_iteration": rounds}
         if model is None:
@@ -96,7 +96,9 @@ def _try_add_tune_callback(kwargs: dict[str, Any]) -> bool:
     whether this runs in a trial (XGBoost-Ray's helper, which ``train`` calls)."""
     if _trial_resources() is None:
         return False
-    from ray.tune.integration.xgboost import TuneReportCheckpointCallback as RayCallback
+    from ray.tune.integration.xgboost import (  # noqa: PLC0415 (heavy: Ray Tune)
+        TuneReportCheckpointCallback as RayCallback,
+    )
 
     callbacks = []
     for callback in kwargs.get("callbacks") or []:
@@ -124,12 +126,12 @@ def _trial_resources() -> Any:
     """The resources of the Ray Tune trial this runs in, or None outside one. Asks Ray
     Train's context, as XGBoost-Ray did, then Ray Tune's: Ray Train's own (Ray >= 2.60
     with Train v2) raises in a Tune function and outside a training run."""
-    import ray.train
+    import ray.train  # noqa: PLC0415 (heavy: Ray Train)
 
     try:
         return ray.train.get_context().get_trial_resources()
     except (RuntimeError, DeprecationWarning):
-        import ray.tune
+        import ray.tune  # noqa: PLC0415 (heavy: Ray Tune)
 
         with warnings.catch_warnings():  # outside a trial it warns, and returns None
             warnings.simplefilter("ignore")
@@ -138,7 +140,7 @@ def _trial_resources() -> Any:
 
 def load_model(checkpoint: Any, filename: str = CHECKPOINT_NAME) -> Any:
     """The booster of a checkpoint reported by :class:`TuneReportCheckpointCallback`."""
-    import xgboost as xgb
+    import xgboost as xgb  # noqa: PLC0415 (heavy: xgboost)
 
     with checkpoint.as_directory() as directory:
         return xgb.Booster(model_file=str(Path(directory) / filename))
