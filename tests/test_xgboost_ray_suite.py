@@ -1,8 +1,9 @@
 """The quick part of XGBoost-Ray's own test suite, run against unipar.xgboost: every
 test chosen for it (``FAST`` in benchmarks/xgboost_ray_suite.py) must pass. The vendored
-tests start and stop their own Ray, so they run in pytest processes of their own, not
-in this session (whose tests share one Ray). About 2 minutes on 2 cores; the whole
-suite: ``python benchmarks/xgboost_ray_suite.py``."""
+tests start and stop their own Ray, so they run in a pytest process of their own, not in
+this session (whose tests share one Ray). 22 tests in 169-178 s on the shared 2-core
+machine at load average 30-46 (each test's Ray start is most of it; ~95 s at load ~28);
+the whole suite: ``python benchmarks/xgboost_ray_suite.py`` (about 30 minutes)."""
 
 from __future__ import annotations
 
@@ -26,5 +27,5 @@ def test_the_quick_part_of_xgboost_rays_suite_passes():
     result = re.search(r"RESULT suite_pass_rate=(\S+) passed=(\d+) collected=(\d+)", run.stdout)
     assert result is not None, run.stdout[-3000:]
     passed, collected = int(result.group(2)), int(result.group(3))
-    assert collected >= 27, run.stdout  # the chosen tests ran (none silently deselected)
+    assert collected >= 22, run.stdout  # the chosen tests ran (none silently deselected)
     assert passed == collected, run.stdout
