@@ -3,25 +3,46 @@
 Three Ray workers pinned with ``os.sched_setaffinity``: two share core 0, one has core 1,
 so the third is about twice as fast. A calibration run (even split) measures each
 worker's seconds per sample and the gradient all-reduce (and one of the fast worker
-alone, for the case that runs it alone); the cluster they make (one
-group per worker, its measured rate as its peak) goes to the heterogeneous planner,
-whose uneven plan is then run and compared with the best even split (all three
-workers, or the fast worker alone), measured in the same invocation, in three rounds of
-calibrate-then-run. Prints measured and predicted step times (medians after one warm-up
-step); the ratio is uneven / best even within each round, its median over rounds;
-pred_err the median over all runs. Last line:
-``RESULT uneven_vs_even=<uneven / best even, measured> pred_err=<median |pred/meas - 1|>``.
+alone, for the case that runs it alone); the cluster they make (one group per worker,
+its measured rate as its peak) goes to the heterogeneous planner, whose uneven plan is
+then run beside the splits a user would try instead: even over all three workers, even
+over the fast workers only (the one with a core of its own), and even with one worker per
+core (one of the pair on core 0 left out). Each round calibrates, plans, and runs every
+case (``STEPS`` timed steps after one warm-up step; medians), the cases in an order rotated
+from round to round; ``--repeats`` rounds. The ratios are taken within each round (a load
+burst in one round must not pair with a quiet case of another), then their median and
+range over the rounds. Correctness: every case trains the same per-step losses (the same
+global batch, split otherwise; rtol ``LOSS_RTOL``).
+
+Note: on this machine the uneven plan's best case (shares 1:1:2) equals an even split with
+one worker per core; ``uneven_vs_one_per_core`` says how close it comes.
+
+RESULT: uneven_vs_even (uneven / the better of even over all and fast only; target <= 0.8),
+pred_err (the uneven plan's |predicted / measured - 1|), uneven_vs_fast_only,
+uneven_vs_one_per_core; each with _min/_max over the rounds.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
 import math
 import os
 import statistics
+import sys
+from dataclasses import dataclass, replace
 
 import ray
+from measure import (
+    Spread,
+    Verdict,
+    add_common_arguments,
+    max_relative_difference,
+    order_of,
+    ratio,
+    repeats_of,
+)
 
 from unipar.cluster.hetero import HeteroCluster, NodeGroup
 from unipar.cluster.spec import ClusterSpec, DeviceSpec, LinkSpec, Precision
@@ -40,8 +61,12 @@ CONFIG = MLPConfig(in_features=256, hidden=256, layers=4, out_features=16, expan
 # The global batch is large enough that compute outweighs the gradient all-reduce
 # (~30 ms for this model's 2.1M parameters over gloo) about 20 to 1: the best uneven
 # split can at most reach 0.75 of the best even one here (rates 1:1:2 per worker).
-BATCH, MICRO, STEPS, ROUNDS = 6144, 32, 4, 3
+BATCH, MICRO = 6144, 32
+STEPS = 20  # timed steps of every case (one more, unmeasured, before them)
 CPUS = [[0], [0], [1]]
+LOSS_RTOL = 1e-4
+UNEVEN, EVEN, FAST, PER_CORE = ("uneven (planner)", "even, 3 workers", "even, fast only",
+                                "even, one per core")
 
 
 def _job(steps: int) -> Job:
@@ -95,9 +120,18 @@ def _cluster(sample_s: list[float], allreduce_s: float, cpus: list[list[int]]) -
     return HeteroCluster(tuple(groups), inter_group=link)
 
 
-def _run(samples: list[int], cpus: list[list[int]]) -> float:
-    result = train_uneven(_job(STEPS), samples, MICRO, cpus=cpus)
-    return _median(result.step_s)
+@dataclass(frozen=True)
+class Case:
+    shares: list[int]
+    cpus: list[list[int]]
+    predicted: float
+    measured: float = math.nan
+    losses: tuple[float, ...] = ()
+
+
+def _run(case: Case, steps: int) -> Case:
+    result = train_uneven(_job(steps + 1), case.shares, MICRO, cpus=case.cpus)
+    return replace(case, measured=_median(result.step_s), losses=tuple(result.losses))
 
 
 def _calibrate(even: list[int], cpus: list[list[int]]) -> HeteroCluster:
@@ -107,74 +141,83 @@ def _calibrate(even: list[int], cpus: list[list[int]]) -> HeteroCluster:
     sample_s = [_median(c) / n for c, n in zip(calib.compute_s, even, strict=True)]
     computed = [max(c[k] for c in calib.compute_s) for k in range(len(calib.step_s))]
     allreduce_s = max(1e-4, _median([s - c for s, c in zip(calib.step_s, computed, strict=True)]))
-    print(
-        f"measured on cores {cpus}: s/sample",
-        [f"{s * 1e3:.2f} ms" for s in sample_s],
-        f"all-reduce {allreduce_s * 1e3:.1f} ms",
-    )
+    print(f"measured on cores {cpus}: s/sample", [f"{s * 1e3:.2f} ms" for s in sample_s],
+          f"all-reduce {allreduce_s * 1e3:.1f} ms")
     return _cluster(sample_s, allreduce_s, cpus)
 
 
-def _round(even: list[int]) -> dict[str, tuple[list[int], float, float]]:
-    """Calibrate, plan, and run each case: name -> (shares, predicted, measured).
-    The fast worker alone is calibrated alone too: on this machine a worker runs
-    faster while the other core is idle than while it is busy."""
+def _round(index: int, steps: int) -> dict[str, Case]:
+    """Calibrate, plan, and run each case (in an order rotated by ``index``). The fast
+    worker alone and one worker per core are calibrated as they run: on this machine a
+    worker runs faster while the other core is idle than while it is busy."""
+    even = [BATCH // 3] * 3
     cluster = _calibrate(even, CPUS)
     alone = _calibrate([BATCH], [CPUS[2]])
+    per_core = [CPUS[0], CPUS[2]]
+    pair = _calibrate([BATCH // 2] * 2, per_core)
     layers = _layers()
-    plan = plan_hetero(
-        layers, cluster, BATCH, kinds=(HeteroKind.DATA_PARALLEL,), microbatch_sizes=(MICRO,)
-    )
+    plan = plan_hetero(layers, cluster, BATCH, kinds=(HeteroKind.DATA_PARALLEL,),
+                       microbatch_sizes=(MICRO,))
     m = BATCH // MICRO
     cases = {
-        "uneven (planner)": (list(plan.replica_samples), CPUS, plan.predicted_step_s),
-        "even, 3 workers": (
-            even,
-            CPUS,
-            predict_data_parallel(layers, cluster, ((m // 3,),) * 3, MICRO),
-        ),
-        "even, fast worker alone": (
-            [BATCH],
-            [CPUS[2]],
-            predict_data_parallel(layers, alone, ((m,),), MICRO),
-        ),
+        UNEVEN: Case(list(plan.replica_samples), CPUS, plan.predicted_step_s),
+        EVEN: Case(even, CPUS, predict_data_parallel(layers, cluster, ((m // 3,),) * 3, MICRO)),
+        FAST: Case([BATCH], [CPUS[2]], predict_data_parallel(layers, alone, ((m,),), MICRO)),
+        PER_CORE: Case([BATCH // 2] * 2, per_core,
+                       predict_data_parallel(layers, pair, ((m // 2,),) * 2, MICRO)),
     }
     out = {}
-    for name, (samples, cpus, predicted) in cases.items():
-        measured = _run(samples, cpus)
-        out[name] = (samples, predicted, measured)
-        print(f"{name:26s} shares={samples} measured {measured:.3f} s predicted {predicted:.3f} s")
+    for name in order_of(list(cases), index):
+        out[name] = _run(cases[name], steps)
+        print(f"{name:22s} shares={out[name].shares} measured {out[name].measured:.3f} s "
+              f"predicted {out[name].predicted:.3f} s", flush=True)
     return out
 
 
-def main() -> None:
+# -- the arithmetic (pure) ---------------------------------------------------------------
+
+
+def round_ratios(cases: dict[str, Case]) -> dict[str, float]:
+    """One round's ratios: the uneven plan against the better of the even splits over
+    the same workers and over the fast ones only, each alternative, and its own error."""
+    uneven = cases[UNEVEN]
+    best_even = min(cases[EVEN].measured, cases[FAST].measured)
+    return {
+        "uneven_vs_even": ratio(uneven.measured, best_even),
+        "pred_err": abs(ratio(uneven.predicted, uneven.measured) - 1),
+        "uneven_vs_fast_only": ratio(uneven.measured, cases[FAST].measured),
+        "uneven_vs_one_per_core": ratio(uneven.measured, cases[PER_CORE].measured),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=None, help=f"timed steps (default {STEPS})")
+    add_common_arguments(parser)
+    args = parser.parse_args()
+    rounds = repeats_of(args, quick=1)
+    steps = args.steps or (4 if args.quick else STEPS)
+    verdict = Verdict(quick=args.quick)
     ray.init(address="local", num_cpus=3, include_dashboard=False, logging_level=logging.WARNING)
     try:
         print(f"load average before: {os.getloadavg()}")
-        even = [BATCH // 3] * 3
-        # Rounds of calibrate-then-run, so that each prediction uses speeds measured
-        # minutes, not tens of minutes, before (the machine is shared).
-        rounds = [_round(even) for _ in range(ROUNDS)]
-        errors = [abs(p / m - 1) for r in rounds for _, p, m in r.values()]
-        # Each round's cases ran within a minute of each other: compare within a round
-        # (a load burst in one round must not pair with a quiet case of another).
-        ratios = [
-            r["uneven (planner)"][2] / min(r["even, 3 workers"][2], r["even, fast worker alone"][2])
-            for r in rounds
-        ]
-        print(f"uneven / best even per round: {[round(x, 3) for x in ratios]}")
-        # The even cases run in the configuration they were calibrated in; the uneven
-        # plan is the one predicted across configurations.
-        uneven_err = [abs(r["uneven (planner)"][1] / r["uneven (planner)"][2] - 1) for r in rounds]
-        print(
-            f"uneven plan's |predicted/measured - 1| per round: {[round(e, 3) for e in uneven_err]}"
-        )
+        results = [_round(i, steps) for i in range(rounds)]
         print(f"load average after: {os.getloadavg()}")
-        ratio = statistics.median(ratios)
-        print(f"RESULT uneven_vs_even={ratio:.3f} pred_err={statistics.median(errors):.3f}")
     finally:
         ray.shutdown()
+    figures = [round_ratios(r) for r in results]
+    for name in figures[0]:
+        print(f"{name} per round: {[round(f[name], 3) for f in figures]}")
+    for i, r in enumerate(results):
+        reference = r[EVEN].losses
+        diffs = {n: max_relative_difference(c.losses, reference) for n, c in r.items()}
+        verdict.check(all(d <= LOSS_RTOL for d in diffs.values()),
+                      f"round {i + 1}: every split trains the even split's losses (max rel. "
+                      f"diff {max(diffs.values()):.1e})")
+    values = {name: Spread.of([f[name] for f in figures]) for name in figures[0]}
+    verdict.target("uneven_vs_even", values["uneven_vs_even"], 0.8)
+    return verdict.finish(values)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,9 +7,12 @@ error, the median |error|, and whether the planner's first choice is the measure
 fastest: the first choice and the fastest few are timed again, interleaved, so the
 verdict rests on repeated measurements, not one noisy sweep.
 
-Targets (issue 4): median |error| <= 20%; first choice within 5% of the fastest.
+Targets (issue 4): median |error| <= 20%; first choice within 5% of the fastest. Last
+line ``RESULT median_err=... first_choice_gap=...``; the exit status is 1 when a target is
+missed (``--quick``: a smoke run with fewer steps and one re-timing round, which decides
+nothing).
 
-    python benchmarks/plan_ranking.py [--workers 2] [--steps 6] [--rounds 3]
+    python benchmarks/plan_ranking.py [--workers 2] [--steps 6] [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from measure import Verdict
 
 from unipar.cluster.calibrate import calibrated_cpu_cluster
 from unipar.job import Job, OptimizerSpec
@@ -114,7 +118,10 @@ def main() -> int:
         action="store_true",
         help="plan with the machine's cached calibration instead of measuring it now",
     )
+    parser.add_argument("--quick", action="store_true", help="2 timed steps, 1 round: a smoke run")
     args = parser.parse_args()
+    if args.quick:
+        args.steps, args.rounds, args.top = 2, 1, 2
 
     job = benchmark_job()
     # Calibrate now, unless asked to use the cached numbers: on a shared machine the
@@ -159,15 +166,10 @@ def main() -> int:
     for i in contenders:
         mark = " <- planner's first choice" if i == 0 else ""
         print(f"  {describe(candidates[i]):58s}{medians[i]:8.3f}{mark}")
-    print(
-        f"\nmedian |error|: {median_error:.1%} (target <= 20%): "
-        f"{'ok' if median_error <= 0.20 else 'MISSED'}"
-    )
-    print(
-        f"first choice vs measured fastest: {gap:+.1%} (target <= 5%): "
-        f"{'ok' if gap <= 0.05 else 'MISSED'}"
-    )
-    return 0
+    verdict = Verdict(quick=args.quick)
+    verdict.target("median_err", median_error, 0.20)
+    verdict.target("first_choice_gap", gap, 0.05)
+    return verdict.finish({"median_err": median_error, "first_choice_gap": gap})
 
 
 if __name__ == "__main__":

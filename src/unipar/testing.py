@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
+from unipar.data.sampler import GlobalBatchSampler
 from unipar.job import Job, OptimizerSpec
 from unipar.models.gpt import GPT, GPTConfig
 from unipar.models.llama import Llama, LlamaConfig
@@ -159,3 +160,30 @@ def tiny_mlp_job(*, steps: int = 10, global_batch_size: int = 8) -> Job:
 def user_model_job(*, steps: int = 10, global_batch_size: int = 8, model=UserModel) -> Job:  # type: ignore[no-untyped-def]
     dataset = functools.partial(RandomRegression, 256, 16, 4)
     return _job("user-model", model, dataset, mse_loss, steps, global_batch_size)
+
+
+def single_process_losses(job: Job) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Losses per step and final weights of ``job`` trained in this process on the
+    whole global batch at once, with no unipar runtime involved: the reference that
+    parity tests and benchmarks compare a distributed run's losses with."""
+    torch.manual_seed(job.seed)
+    model = job.model()
+    optimizer = job.build_optimizer(model.parameters())
+    base = [g["lr"] for g in optimizer.param_groups]
+    dataset = job.dataset()
+    sampler = GlobalBatchSampler(len(dataset), job.global_batch_size, job.seed)
+    losses = []
+    for step in range(job.steps):
+        for group, lr in zip(optimizer.param_groups, base, strict=True):
+            group["lr"] = lr * job.lr_schedule.multiplier(step, job.steps)
+        samples = [dataset[int(i)] for i in sampler.global_indices(step)]
+        inputs = torch.stack([s[0] for s in samples])
+        targets = torch.stack([s[1] for s in samples])
+        loss = job.loss(model(inputs), targets)
+        loss.backward()
+        if job.grad_clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), job.grad_clip_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses, model.state_dict()
