@@ -166,11 +166,14 @@ def run(policy: str, jobs: list[tuple[str, int, int, float]], variant: Variant, 
         losses = [m["loss"] for m in metrics]
         diff = max_relative_difference(losses, references[r.name], atol=1e-6)
         outcomes.append(JobOutcome(r.name, done, r.submitted, r.ended, diff <= LOSS_RTOL))
-        first = metrics[0]["finished_at"] - metrics[0]["step_time_s"] if metrics else r.ended
-        print(f"  {policy:7s} {r.name:8s} {r.state.value:5s} JCT {r.ended - r.submitted:6.1f} s"
-              f" = queued {r.started - r.submitted:5.1f} + start-up {first - r.started:5.1f} + "
-              f"training {r.ended - first:5.1f}; resizes {r.restarts}; losses vs alone: max "
-              f"rel. diff {diff:.1e}{'' if done else ' ' + r.error[-300:]}", flush=True)
+        if not done or not metrics:
+            print(f"  {policy:7s} {r.name:8s} {r.state.value}: {r.error[-500:]}", flush=True)
+            continue
+        first = metrics[0]["finished_at"] - metrics[0]["step_time_s"]
+        print(f"  {policy:7s} {r.name:8s} JCT {r.ended - r.submitted:6.1f} s = queued "
+              f"{r.started - r.submitted:5.1f} + start-up {first - r.started:5.1f} + training "
+              f"{r.ended - first:5.1f}; resizes {r.restarts}; losses vs alone: max rel. diff "
+              f"{diff:.1e}", flush=True)
     return policy_run(outcomes)
 
 

@@ -1,11 +1,15 @@
 """One side of xgboost_vs_peers.py, in a fresh process:
 ``xgboost_runner.py SIDE ROWS ROUNDS PREDICTIONS.npy`` with SIDE in unipar (default actors:
 one per node, all its CPUs), unipar2 (2 actors), trainer (Ray Train's XGBoostTrainer, 2
-workers), single (xgboost, all CPUs). Makes the data first, then times everything from
-framework import to a trained booster (Ray's start, or joining the cluster named by
-RAY_ADDRESS, included) and prints ``RESULT seconds rounds``; then, untimed, writes the
-booster's predictions on held-out rows (drawn apart from the training rows) to
-PREDICTIONS.npy, for the caller to compare with single-process xgboost's."""
+workers), single (xgboost, all CPUs) and collective2 (plain xgboost, 2 processes joined by
+its own collective, each training on the rows unipar's 2 actors get: the reference a
+2-actor booster must equal, since distributed ``hist`` merges per-worker quantile sketches
+and so grows other trees than one process does).
+
+Makes the data first, then times everything from framework import to a trained booster
+(Ray's start, or joining the cluster named by RAY_ADDRESS, included) and prints ``RESULT
+seconds rounds``; then, untimed, writes the booster's predictions on held-out rows (drawn
+apart from the training rows) to PREDICTIONS.npy, for the caller to compare."""
 
 from __future__ import annotations
 
@@ -89,7 +93,43 @@ def run_trainer(x, y, rounds):  # type: ignore[no-untyped-def]
     return RayTrainReportCallback.get_model(result.checkpoint)
 
 
-SIDES = {"unipar": run_unipar, "unipar2": run_unipar2, "single": run_single, "trainer": run_trainer}
+def _collective_worker(args, x, y, rounds, out) -> None:  # type: ignore[no-untyped-def]
+    import xgboost as xgb
+    from xgboost import collective
+
+    with collective.CommunicatorContext(**args):
+        rank = collective.get_rank()
+        # unipar's default sharding (INTERLEAVED): shard i holds rows i, i + n, ...
+        shard = slice(rank, None, collective.get_world_size())
+        booster = xgb.train({**PARAMS, "nthread": 1}, xgb.DMatrix(x[shard], y[shard]), rounds)
+        if rank == 0:
+            out.put(bytes(booster.save_raw()))
+
+
+def run_collective2(x, y, rounds):  # type: ignore[no-untyped-def]
+    import multiprocessing
+
+    import xgboost as xgb
+    from xgboost.tracker import RabitTracker
+
+    tracker = RabitTracker(n_workers=2, host_ip="127.0.0.1")
+    tracker.start()
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    workers = [context.Process(target=_collective_worker,
+                               args=(tracker.worker_args(), x, y, rounds, out))
+               for _ in range(2)]
+    for w in workers:
+        w.start()
+    raw = out.get(timeout=3600)
+    for w in workers:
+        w.join()
+    tracker.wait_for()
+    return xgb.Booster(model_file=bytearray(raw))
+
+
+SIDES = {"unipar": run_unipar, "unipar2": run_unipar2, "single": run_single,
+         "trainer": run_trainer, "collective2": run_collective2}
 
 
 def main(side: str, rows: int, rounds: int, predictions: str) -> None:
