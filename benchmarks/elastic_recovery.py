@@ -381,7 +381,7 @@ def main() -> int:
     add_common_arguments(parser)
     args = parser.parse_args()
     repeats = repeats_of(args, quick=1)
-    steps = args.steps or (60 if args.quick else 160)
+    steps = args.steps or (60 if args.quick else 200)
     steady_steps = args.steady_steps or (40 if args.quick else 150)
     with ray_head(num_cpus=4) as address:
         start_ray(address)

@@ -206,8 +206,7 @@ def sweep(ray, args, links: Links, workers, repeats: int) -> tuple[dict, Verdict
         print(f"{fraction:>9.2%} {times['ps'] * 1e3:>8.1f} {times['dense'] * 1e3:>9.1f} "
               f"{times['sparse'] * 1e3:>10.1f} {choice.ps.step_s * 1e3:>8.1f} "
               f"{choice.all_reduce.step_s * 1e3:>8.1f} {runs[0]['ps_bytes'] / 2**20:>8.2f} "
-              f"{choice.all_reduce.bytes_per_worker / 2**20:>8.2f} {choice.kind.value}: "
-              f"{choice.reason}", flush=True)
+              f"{choice.all_reduce.bytes_per_worker / 2**20:>8.2f} {choice.reason}", flush=True)
     for r in per_repeat:  # the score of each repeat's own times: its spread
         repeat_points = [(kind, r[i]["times"]) for i, (kind, _) in enumerate(points)]
         lost.append(mean_time_lost(repeat_points, ("ps", "dense")))
