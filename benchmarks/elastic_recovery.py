@@ -28,8 +28,9 @@ beside the A/B rate ratio.
 RESULT: recovery_ratio (unipar elastic DDP / the faster Ray Train mode of each repeat, kill
 to next step; target <= 0.15), recovery_vs_fixed, recovery_vs_elastic, full_rate_ratio (the
 same for back at full speed), steps_lost (DDP), steps_lost_fsdp, steps_lost_hsdp,
-next_step_fsdp_s, next_step_hsdp_s, snapshot_share (target <= 0.03), snapshot_overhead
-(1 - with/without, A/B); each timed ratio with _min/_max over the repeats.
+next_step_fsdp_s, next_step_hsdp_s, full_rate_fsdp_s, full_rate_hsdp_s, snapshot_share
+(target <= 0.03), snapshot_overhead (1 - with/without, A/B); each timed ratio with
+_min/_max over the repeats.
 """
 
 from __future__ import annotations
@@ -465,6 +466,8 @@ def report(runs: dict[str, list[Recovery | None]], steady_runs: dict[str, list[S
         "steps_lost_hsdp": Spread.of(field_of(runs["unipar elastic hsdp"], "redone")).median,
         "next_step_fsdp_s": Spread.of(field_of(runs["unipar elastic fsdp"], "next_step_s")),
         "next_step_hsdp_s": Spread.of(field_of(runs["unipar elastic hsdp"], "next_step_s")),
+        "full_rate_fsdp_s": Spread.of(field_of(runs["unipar elastic fsdp"], "full_rate_s")),
+        "full_rate_hsdp_s": Spread.of(field_of(runs["unipar elastic hsdp"], "full_rate_s")),
         "snapshot_share": share,
         "snapshot_overhead": ab,
     })

@@ -24,8 +24,9 @@ straggler caps BSP at one slow step per clock, ``2t``, while SSP runs each worke
 SSP's lead is bounded by ``s`` under a persistent straggler (a small long-run gain by
 design); ASP's ideal there is ``2 - 1/n``.
 
-RESULT: time_lost, time_lost_vs_sparse, planner_right (share of points where the pick was
-the faster of (a) and (b)), straggler_speedup (SSP/BSP, rotating, 8 workers; target >= 1.6),
+RESULT (``--calibrate-only``: row_ns, all_reduce_mb_s, actor_mb_s, actor_call_ms):
+time_lost, time_lost_vs_sparse, planner_right (share of points where the pick was the
+faster of (a) and (b)), straggler_speedup (SSP/BSP, rotating, 8 workers; target >= 1.6),
 straggler_speedup_4, loss_gap (SSP vs BSP held-out, 8 workers), persistent_ssp_speedup,
 persistent_asp_speedup, persistent_asp_loss_gap, their _4 forms, ideal_8, ideal_4; each
 timed ratio with _min/_max over the repeats.
@@ -333,7 +334,9 @@ def main() -> int:
     print(f"links: {links}", flush=True)
     if args.calibrate_only:
         ray.shutdown()
-        return 0
+        return Verdict(quick=args.quick).finish({
+            "row_ns": links.row_s * 1e9, "all_reduce_mb_s": links.all_reduce_bw / 1e6,
+            "actor_mb_s": links.worker_bw / 1e6, "actor_call_ms": links.ps_latency_s * 1e3})
     scores, verdict = sweep(ray, args, links, workers, repeats)
     for w in workers:
         ray.kill(w)
