@@ -78,6 +78,7 @@ BATCH = 256
 DATASET = 32 * BATCH
 SEED = 0
 WARMUP = 5  # steps before the pre-kill speed is measured
+CLUSTER_CPUS = 4
 TOLERANCE = 0.10  # "back at speed": the median interval within 10% of the pre-kill one
 WINDOW = 5  # ... over this many consecutive steps at full size
 MODEL = MLPConfig(in_features=64, hidden=256, layers=4, out_features=8)
@@ -252,6 +253,9 @@ def run_unipar(tmp: Path, steps: int, plan_name: str, *, elastic: bool) -> Recov
     )
     for event in result.resizes:
         print(f"    resize {event} ({event.seconds:.2f} s to re-form)", flush=True)
+    if elastic and (not result.resizes or result.resizes[0].old != workers):
+        raise RuntimeError(f"the gang was not at {workers} workers when the worker was killed "
+                           f"(resizes: {[str(e) for e in result.resizes]}): not this scenario")
     ends = ends_from_metrics(result.metrics_path.read_text().splitlines(), workers)
     return recovery(ends, float(marker.read_text()), full=workers)
 
@@ -324,6 +328,8 @@ def run_ray_train(tmp: Path, steps: int, *, elastic: bool) -> Recovery:
     trainer.fit()
     ends = [StepEnd(int(s), float(t), int(w))
             for s, t, w in (line.split() for line in log.read_text().splitlines())]
+    if ends[0].world != 2:
+        raise RuntimeError(f"Ray Train started {ends[0].world} workers, not 2: not this scenario")
     return recovery(ends, float(marker.read_text()), full=2)
 
 
@@ -345,10 +351,22 @@ def steady(tmp: Path, steps: int, warmup: int, snapshots: bool) -> SteadyRun:
     return steady_run([(m.finished_at, m.step_time_s) for m in result.history], warmup)
 
 
+def wait_for_idle(cpus: float = CLUSTER_CPUS, timeout_s: float = 120.0) -> None:
+    """Until every CPU of the cluster is free (the previous side's actors and placement
+    groups gone), so that each side starts at its full size."""
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0.0) < cpus:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the cluster is still busy after {timeout_s:g} s: "
+                               f"{ray.available_resources()}")
+        time.sleep(0.5)
+
+
 def in_tmp(run):  # type: ignore[no-untyped-def]
-    """``run(tmp)`` in a fresh temporary directory."""
+    """``run(tmp)`` in a fresh temporary directory, on an idle cluster."""
 
     def side():  # type: ignore[no-untyped-def]
+        wait_for_idle()
         with tempfile.TemporaryDirectory() as tmp:
             result = run(Path(tmp))
         print(f"    -> {result}", flush=True)
@@ -384,7 +402,7 @@ def main() -> int:
     repeats = repeats_of(args, quick=1)
     steps = args.steps or (60 if args.quick else 200)
     steady_steps = args.steady_steps or (40 if args.quick else 150)
-    with ray_head(num_cpus=4) as address:
+    with ray_head(num_cpus=CLUSTER_CPUS) as address:
         start_ray(address)
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
         runs, steady_runs = measure(args, repeats, steps, steady_steps)
