@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every benchmark of benchmarks/README.md, one after the other: `make bench-all` (the
-# measurement; about 2.5 hours on a quiet 2-core machine) or `make bench-quick` (smoke runs
+# measurement; about 3 hours on a quiet 2-core machine) or `make bench-quick` (smoke runs
 # at reduced scale, which decide nothing: --quick).
 # Each benchmark's output goes to $OUT/<name>.log; $OUT/summary.txt gets one line per
 # benchmark: its exit status, wall time, the load average before it, and its RESULT line.
