@@ -55,8 +55,9 @@ from workload import gpt_held_out, gpt_train
 
 from unipar import Job, Plan, fit, load_model_state
 from unipar.adapt import AdaptiveBatch
-from unipar.job import LRSchedule, OptimizerSpec, ScheduleKind, cross_entropy_loss
+from unipar.job import cross_entropy_loss
 from unipar.models.mlp import MLP, MLPConfig
+from unipar.optimizer import LRSchedule, OptimizerSpec, ScheduleKind
 from unipar.ray_cluster.session import start_ray
 from unipar.recipes import gpt_stdlib
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from unipar.models.ctr import CTRModel
-from unipar.ps import Links
+from unipar.plan.sync_cost import Links
 
 FIELDS = 4
 LR = 0.05

@@ -7,12 +7,13 @@ parameter servers (rows pulled and pushed sparsely, BSP, SGD); (b) dense all-red
 gradient, the table's included, then a local SGD step); (c) a sparse exchange: all-gather
 of each worker's touched ids and gradient rows (benchmarks/ps_baselines.py). Each point: the
 median of ``--steps`` (>= 10) timed steps after ``--warmup``; the sides alternate (the order
-rotated each repeat) over ``--repeats``. The planner (``unipar.ps.choose_grad_sync``) picks PS
-or all-reduce from link speeds and a per-row cost calibrated on separate runs: another data
-seed, touched shares outside the sweep (``--calibrate-at``), and, with ``--calibration FILE``,
-another invocation (``--calibrate-only`` writes the file). Score: the time lost through the
-planner's pick, pick / the faster of (a) and (b) - 1 per point, and pick / the fastest of all
-three - 1. Correctness: after each point's steps, (a) and (c) hold the parameters (b) holds.
+rotated each repeat) over ``--repeats``. The planner
+(``unipar.plan.sync_cost.choose_grad_sync``) picks PS or all-reduce from link speeds and a
+per-row cost calibrated on separate runs: another data seed, touched shares outside the
+sweep (``--calibrate-at``), and, with ``--calibration FILE``, another invocation
+(``--calibrate-only`` writes the file). Score: the time lost through the planner's pick,
+pick / the faster of (a) and (b) - 1 per point, and pick / the fastest of all three - 1.
+Correctness: after each point's steps, (a) and (c) hold the parameters (b) holds.
 
 Part 2: stragglers, at ``--straggler-workers`` (8 and 4) sharing the same total worker-steps
 under BSP, SSP (bound ``--staleness``) and ASP, one worker at a time 2x slower (it sleeps as
@@ -59,16 +60,10 @@ from ps_baselines import (
 from ray_head import free_port
 
 from unipar.models.ctr import CTRModel, ZipfClicks, ctr_loss
-from unipar.ps import (
-    Consistency,
-    ConsistencySpec,
-    Links,
-    SparseWorkload,
-    SyncKind,
-    choose_grad_sync,
-    price_ps,
-)
-from unipar.ps.optim import OptimizerKind, OptimizerSpec
+from unipar.optimizer import OptimizerKind, OptimizerSpec
+from unipar.plan.representation import GradSync
+from unipar.plan.sync_cost import Links, SparseWorkload, choose_grad_sync, price_ps
+from unipar.ps import Consistency, ConsistencySpec
 from unipar.runtime.servers.train import PSConfig, PSRun, Slowdown
 
 PARAM_ATOL = 1e-4  # the three sides' parameters after the same steps
@@ -77,18 +72,18 @@ SIDES = ("ps", "dense", "sparse")
 # -- the arithmetic (pure) ---------------------------------------------------------------
 
 
-def pick_time(pick: SyncKind, times: dict[str, float]) -> float:
-    return times["ps"] if pick is SyncKind.PARAMETER_SERVER else times["dense"]
+def pick_time(pick: GradSync, times: dict[str, float]) -> float:
+    return times["ps"] if pick is GradSync.PARAMETER_SERVER else times["dense"]
 
 
-def time_lost(pick: SyncKind, times: dict[str, float], among: Sequence[str]) -> float:
+def time_lost(pick: GradSync, times: dict[str, float], among: Sequence[str]) -> float:
     """What the planner's pick cost at one point: its time over the fastest of ``among``,
     less 1 (0: it picked the fastest); NaN where a time is missing."""
     best = min(times[s] for s in among)
     return ratio(pick_time(pick, times), best) - 1.0
 
 
-def mean_time_lost(points: Sequence[tuple[SyncKind, dict[str, float]]], among: Sequence[str]
+def mean_time_lost(points: Sequence[tuple[GradSync, dict[str, float]]], among: Sequence[str]
                    ) -> float:
     """The mean over the sweep's points of :func:`time_lost` (each point counts alike)."""
     lost = [time_lost(pick, times, among) for pick, times in points]

@@ -35,7 +35,8 @@ from measure import Spread, Verdict, add_common_arguments, alternate, paired_rat
 from ray_head import ray_head
 from workload import gpt_held_out, gpt_train
 
-from unipar.job import Job, LRSchedule, OptimizerSpec, ScheduleKind
+from unipar.job import Job
+from unipar.optimizer import LRSchedule, OptimizerSpec, ScheduleKind
 from unipar.ray_cluster.session import start_ray
 from unipar.recipes import gpt_stdlib
 from unipar.tuning.api import tune

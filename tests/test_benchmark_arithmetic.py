@@ -174,15 +174,15 @@ def test_tune_asha_counts_steps_and_held_out_losses():
 def test_ps_vs_allreduce_time_lost():
     import ps_vs_allreduce as pv
 
-    from unipar.ps import SyncKind
+    from unipar.plan.representation import GradSync
 
     times = {"ps": 1.0, "dense": 2.0, "sparse": 0.5}
-    assert pv.time_lost(SyncKind.PARAMETER_SERVER, times, ("ps", "dense")) == 0.0
-    assert pv.time_lost(SyncKind.ALL_REDUCE, times, ("ps", "dense")) == 1.0
-    assert pv.time_lost(SyncKind.PARAMETER_SERVER, times, pv.SIDES) == 1.0  # sparse was best
-    assert math.isnan(pv.time_lost(SyncKind.ALL_REDUCE, {**times, "dense": NAN},
+    assert pv.time_lost(GradSync.PARAMETER_SERVER, times, ("ps", "dense")) == 0.0
+    assert pv.time_lost(GradSync.ALL_REDUCE, times, ("ps", "dense")) == 1.0
+    assert pv.time_lost(GradSync.PARAMETER_SERVER, times, pv.SIDES) == 1.0  # sparse was best
+    assert math.isnan(pv.time_lost(GradSync.ALL_REDUCE, {**times, "dense": NAN},
                                    ("ps", "dense")))
-    points = [(SyncKind.PARAMETER_SERVER, times), (SyncKind.ALL_REDUCE, times)]
+    points = [(GradSync.PARAMETER_SERVER, times), (GradSync.ALL_REDUCE, times)]
     assert pv.mean_time_lost(points, ("ps", "dense")) == 0.5
     assert pv.ideal_speedup(8) == pytest.approx(16 / 9) and pv.ideal_speedup(4) == 1.6
 
@@ -201,6 +201,19 @@ def test_heterogeneous_ratios_use_the_uneven_plan_alone():
     assert got["uneven_vs_one_per_core"] == pytest.approx(1 / 0.9)
     failed = he.round_ratios({**cases, he.UNEVEN: case(1.1, NAN)})
     assert math.isnan(failed["uneven_vs_even"]) and math.isnan(failed["pred_err"])
+    # a failed alternative leaves no "better of the two even splits" to beat
+    assert math.isnan(he.round_ratios({**cases, he.FAST: case(2.0, NAN)})["uneven_vs_even"])
+    assert math.isnan(he.round_ratios({**cases, he.EVEN: case(1.3, NAN)})["uneven_vs_even"])
+    # the losses check: a case that failed (no losses) or trained otherwise fails it
+    trained = {name: he.Case([1], [[0]], 1.0, 1.0, (2.0, 1.5)) for name in cases}
+    assert he.losses_check(trained) == 0.0
+    assert he.losses_check({**trained, he.UNEVEN: case(1.0, NAN)}) == INF
+    assert he.losses_check({**trained, he.FAST: he.Case([1], [[0]], 1.0, 1.0, (2.0, 1.65))}
+                           ) == pytest.approx(0.1)
+    # each kind of worker is the traced rank 0 once
+    assert he.rank0_orders([[0], [0], [1]]) == [[[0], [0], [1]], [[1], [0], [0]]]
+    assert he.rank0_orders([[0], [1]]) == [[[0], [1]], [[1], [0]]]
+    assert he.rank0_orders([[1]]) == [[[1]]]
 
 
 def test_sched_vs_pollux_ratios_and_length_views():

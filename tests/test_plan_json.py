@@ -125,7 +125,7 @@ def test_fit_refuses_plans_the_runtime_cannot_apply(changes, pattern):
     something else."""
     from dataclasses import replace
 
-    from unipar.validate import check_plan_for_run
+    from unipar.plan.runtime_support import check_plan_for_run
 
     runnable = Plan.data_parallel(2, 8)
     check_plan_for_run(runnable, 2, 8)

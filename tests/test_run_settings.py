@@ -53,6 +53,7 @@ def test_every_flag_reaches_fit_under_its_field_name():
         *("0.5", "--run-dir", "r", "--checkpoint-dir", "c", "--checkpoint-every", "7"),
         *("--keep-checkpoints", "4", "--resume", "--max-failures", "0", "--no-progress"),
         *("--placement-timeout", "9", "--no-elastic", "--snapshot-every", "5"),
+        *("--collective-timeout", "30"),
         *("--trace", "3", "--strategy", "fsdp", "--address", "10.0.0.5:6379"),
     ]
     options = run_options(build_parser().parse_args(every))
@@ -62,6 +63,7 @@ def test_every_flag_reaches_fit_under_its_field_name():
     assert (config.run_dir, config.checkpoint_dir, config.resume) == (Path("r"), Path("c"), True)
     assert (config.checkpoint_every, config.keep_checkpoints, config.max_failures) == (7, 4, 0)
     assert config.progress is False and config.placement_timeout_s == 9.0
+    assert config.collective_timeout_s == 30.0
     assert config.elastic is False and config.snapshot_every == 5
     assert config.trace_steps == 3
     assert config.plan is Strategy.FSDP and config.address == "10.0.0.5:6379"
@@ -69,7 +71,6 @@ def test_every_flag_reaches_fit_under_its_field_name():
     assert run_options(build_parser().parse_args(["train"])) == {"plan": "auto"}
     assert {f.name for f in fields(RunConfig)} - set(options) == {
         "min_workers",  # set by --workers MIN:MAX
-        "collective_timeout_s",
         "poll_interval_s",
     }
 
@@ -119,3 +120,15 @@ def test_a_run_starts_once_the_resources_are_freed(three_cpus_held, capsys):
     group = reserve_bundles({"CPU": 1}, 2, "worker", timeout_s=60, notice_after_s=0.5)
     remove_placement_group(group)
     assert "waiting up to 60 s for 2 CPUs" in capsys.readouterr().err
+
+
+def test_a_gang_short_of_room_says_it_waits_then_is_refused(three_cpus_held, tmp_path, capsys):
+    from unipar.testing import tiny_gpt_job
+
+    started = time.monotonic()
+    with pytest.raises(ResourceError, match="fewer than min_workers=2"):
+        fit(tiny_gpt_job(steps=2), workers=2, run_dir=tmp_path, placement_timeout_s=2,
+            progress=False, elastic=False)
+    assert time.monotonic() - started < 30
+    assert re.search(r"waiting up to 2 s for 2 CPUs \(1 free of 4\): other jobs hold",
+                     capsys.readouterr().err)

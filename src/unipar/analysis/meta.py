@@ -11,7 +11,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from unipar.errors import ConfigError
 
 
-class SkipInPlaceOnMeta(TorchDispatchMode):
+class NotCompiled(TorchDispatchMode):
+    """A dispatch mode that never runs under ``torch.compile``: PyTorch leaves its
+    handler as it is, where it would otherwise wrap it in its compiler's ``disable``,
+    whose first call imports the compiler (torch._dynamo and sympy: 1.2 s of CPU, the
+    largest part of planning a model from a cold process)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # PyTorch's opt-out (TorchDispatchMode's doc)
+        return False
+
+
+class SkipInPlaceOnMeta(NotCompiled):
     """While a model is built on meta: in-place ops (weight initialisation) change no
     shape and have no values to set, so skip them. Saves the cost of PyTorch's reference
     kernels for meta tensors, including a 2 s import on the first ``normal_``."""

@@ -26,10 +26,9 @@ from enum import Enum
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from unipar.analysis.meta import build_on_meta
+from unipar.analysis.meta import NotCompiled, build_on_meta
 from unipar.errors import ConfigError
 
 _VIEW_LIKE = {"_unsafe_view", "alias", "detach"}
@@ -165,7 +164,7 @@ def is_attention_scores(t: object, seq: int | None) -> bool:
     return tuple(t.shape[-2:]) == (seq, seq) and t.shape[:-2].numel() > 1
 
 
-class _Recorder(TorchDispatchMode):
+class _Recorder(NotCompiled):
     def __init__(self, hidden: int | None, seq: int | None = None) -> None:
         super().__init__()
         self.hidden = hidden

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from unipar.cli.calibrate import add_calibrate_parser
 from unipar.cli.plan import add_plan_parser
 from unipar.cli.report import add_report_parser
 from unipar.cli.service import add_service_parsers
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(commands)
     add_plan_parser(commands)
     add_report_parser(commands)
+    add_calibrate_parser(commands)
     add_simulate_parser(commands)
     add_tune_parser(commands)
     add_service_parsers(commands)

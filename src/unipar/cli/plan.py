@@ -7,8 +7,12 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from unipar import validate
+from unipar import checks
+from unipar.cli.plan_hetero import is_hetero_cluster, run_hetero_plan
+from unipar.cluster import cluster_preset
+from unipar.cluster.learned_fit import learned_cluster
 from unipar.errors import ConfigError
+from unipar.plan.representation import PipelineSchedule, Recompute
 
 if TYPE_CHECKING:
     from unipar.models import ModelSpec
@@ -21,8 +25,8 @@ _MODELS = ("gpt", "llama", "mlp", "ctr")
 
 def parse_fix(text: str | None):  # type: ignore[no-untyped-def]
     """``tp=8,pp=2,recompute=full`` -> Constraints."""
-    from unipar.plan.representation import PipelineSchedule, Recompute
-    from unipar.plan.strategy_search import Constraints
+    # the command line is parsed without torch: the planner loads when a plan is made
+    from unipar.plan.strategy_search import Constraints  # noqa: PLC0415 (heavy: torch)
 
     if not text:
         return Constraints()
@@ -57,10 +61,10 @@ def _choice(enum, value: str, key: str):  # type: ignore[no-untyped-def]
 
 
 def model_spec(args: argparse.Namespace) -> ModelSpec:
-    from unipar.models import GPTConfig, LlamaConfig, MLPConfig  # torch: only when planning
+    from unipar.models import GPTConfig, LlamaConfig, MLPConfig  # noqa: PLC0415 (heavy: torch)
 
     if args.model.startswith("hf:"):
-        from unipar.models.hf_config import hf_spec
+        from unipar.models.hf_config import hf_spec  # noqa: PLC0415 (heavy: torch)
 
         return hf_spec(args.model.removeprefix("hf:"), seq_len=args.seq)
     seq = DEFAULT_SEQ if args.seq is None else args.seq
@@ -90,7 +94,7 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
             ffn_hidden=args.ffn_hidden or 4 * args.hidden,
         ).spec()
     if args.model == "ctr":
-        from unipar.models.ctr import ctr_spec
+        from unipar.models.ctr import ctr_spec  # noqa: PLC0415 (heavy: torch)
 
         return ctr_spec(rows=args.vocab, dim=args.hidden, fields=args.in_features)
     return MLPConfig(
@@ -110,8 +114,8 @@ def check_plan_args(args: argparse.Namespace) -> None:
     """Every flag of ``unipar plan``, before a model is built or a CPU calibrated."""
     sizes = [*_SIZES, "global_batch", "nodes"]
     sizes += [name for name in _OPTIONAL_SIZES if getattr(args, name) is not None]
-    validate.positive_ints("", ((_flag(name), getattr(args, name)) for name in sizes))
-    validate.number("--dropout", args.dropout, minimum=0, below=1)
+    checks.positive_ints("", ((_flag(name), getattr(args, name)) for name in sizes))
+    checks.number("--dropout", args.dropout, minimum=0, below=1)
 
 
 def _flag(name: str) -> str:
@@ -120,13 +124,10 @@ def _flag(name: str) -> str:
 
 def run_plan(args: argparse.Namespace) -> int:
     check_plan_args(args)  # before torch is imported
-    from unipar.cli.plan_hetero import is_hetero_cluster, run_hetero_plan
-
     if is_hetero_cluster(args.cluster):
         return run_hetero_plan(args, seq_len=DEFAULT_SEQ if args.seq is None else args.seq)
-    from unipar.cluster import cluster_preset
-    from unipar.models.hf_config import hf_seq_reason
-    from unipar.plan.report import plan
+    from unipar.models.hf_config import hf_seq_reason  # noqa: PLC0415 (heavy: torch)
+    from unipar.plan.report import plan  # noqa: PLC0415 (heavy: torch)
 
     # The model and the pinned choices are checked before a CPU cluster is calibrated.
     spec = model_spec(args)
@@ -139,10 +140,12 @@ def run_plan(args: argparse.Namespace) -> int:
         attention=args.attention,
         kernels=args.kernels,
     )
+    if not args.as_specified:  # what runs on this cluster measured, if any ran
+        cluster = learned_cluster(cluster)
     report = plan(spec, cluster, args.global_batch, constraints=constraints)
     versus = None
     if versus_constraints is not None:
-        from unipar.plan.explain import trades
+        from unipar.plan.explain import trades  # noqa: PLC0415 (heavy: torch)
 
         pinned = plan(spec, cluster, args.global_batch, constraints=versus_constraints)
         versus = trades(report.best, pinned.best, f"--versus {args.versus}")
@@ -157,7 +160,9 @@ def run_plan(args: argparse.Namespace) -> int:
                   "another)")
         print(report.explain() + (f"\n\n{versus}" if versus else ""))
     if args.plot:
-        pictures = report.plot(args.plot)
+        from unipar.viz.plan_pictures import plot_plan  # noqa: PLC0415 (heavy: torch)
+
+        pictures = plot_plan(report, args.plot)
         if not args.json:
             print(f"pictures: {pictures.timeline}, {pictures.memory}, {pictures.breakdown}")
     return 0
@@ -223,6 +228,12 @@ def add_plan_parser(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="also plan with these choices pinned (as --fix) and say what the chosen plan "
         "trades against it, e.g. a published plan: tp=8,pp=16,dp=64",
+    )
+    parser.add_argument(
+        "--as-specified",
+        action="store_true",
+        help="plan with the cluster's rates as specified (spec sheet or calibration), "
+        "without the corrections learned from runs measured on it",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(

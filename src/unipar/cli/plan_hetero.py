@@ -8,7 +8,9 @@ import json
 import re
 from pathlib import Path
 
+from unipar.cluster.hetero import hetero_cluster_from_yaml, parse_hetero_cluster
 from unipar.errors import ConfigError
+from unipar.plan.hetero import plan_hetero, transformer_layers
 
 _MIXED = re.compile(r"^\d+x")
 
@@ -19,9 +21,6 @@ def is_hetero_cluster(text: str) -> bool:
 
 
 def run_hetero_plan(args: argparse.Namespace, *, seq_len: int) -> int:
-    from unipar.cluster.hetero import hetero_cluster_from_yaml, parse_hetero_cluster
-    from unipar.plan.hetero import plan_hetero, transformer_layers
-
     if args.model not in ("gpt", "llama"):
         raise ConfigError(
             f"heterogeneous clusters are planned for gpt and llama models, but got "

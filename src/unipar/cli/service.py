@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
+
+from unipar import checks
+from unipar.job_file import check_target, load_job
+from unipar.runtime.config import parse_workers
+from unipar.sched.policies import PolicyName
 
 
 def add_service_parsers(commands: argparse._SubParsersAction) -> None:
-    from unipar.runtime.config import parse_workers
-    from unipar.sched.policies import PolicyName
-
     def common(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--address", default=None,
                             help="HOST:PORT of the cluster's head (default: the one "
@@ -56,14 +59,14 @@ def add_service_parsers(commands: argparse._SubParsersAction) -> None:
 
 
 def _connected(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from unipar.service import client
+    from unipar.service import client  # noqa: PLC0415 (heavy: Ray)
 
     client.connect(args.address, args.state_dir)
     return client
 
 
 def _up(args: argparse.Namespace) -> int:
-    from unipar.service import client
+    from unipar.service import client  # noqa: PLC0415 (heavy: Ray)
 
     info = client.up(args.address, state_dir=args.state_dir, policy=args.policy,
                      interval_s=args.interval, num_cpus=args.num_cpus, port=args.port)
@@ -73,11 +76,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from unipar import validate
-    from unipar.job_file import check_target, load_job
-    from unipar.service import client
+    from unipar.service import client  # noqa: PLC0415 (heavy: Ray)
 
     check_target(args.target)
     least, most = client.check_workers(args.workers)
@@ -85,7 +84,7 @@ def _submit(args: argparse.Namespace) -> int:
     client.connect(args.address, args.state_dir)  # no cluster: said before loading the job
     job = load_job(args.target)
     if args.steps is not None:
-        job = dataclasses.replace(job, steps=validate.integer("--steps", args.steps, minimum=1))
+        job = dataclasses.replace(job, steps=checks.integer("--steps", args.steps, minimum=1))
     handle = client.submit(job, workers=(least, most), priority=args.priority,
                            deadline=args.deadline, user=args.user, address=args.address,
                            state_dir=args.state_dir)

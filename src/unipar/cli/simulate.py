@@ -7,11 +7,17 @@ import json
 from pathlib import Path
 
 from unipar.errors import ConfigError
+from unipar.sched.autoscale import ScaleConfig, ScaleRule
+from unipar.sched.cluster import Cluster
+from unipar.sched.fleet import make_fleet
+from unipar.sched.plot import write_png
+from unipar.sched.policies import PolicyName, make_policy
+from unipar.sched.simulator import SimConfig, simulate
+from unipar.sched.traces import default_reference_dir, load_applications
+from unipar.sched.workload import read_workload
 
 
 def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
-    from unipar.sched.policies import PolicyName
-
     parser = commands.add_parser(
         "simulate", help="simulate a shared cluster on a workload trace (no cluster needed)"
     )
@@ -53,18 +59,9 @@ def _quota(text: str | None) -> tuple[tuple[str, int], ...]:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from unipar.sched.cluster import Cluster
-    from unipar.sched.fleet import make_fleet
-    from unipar.sched.policies import PolicyName, make_policy
-    from unipar.sched.simulator import SimConfig, simulate
-    from unipar.sched.traces import default_reference_dir, load_applications
-    from unipar.sched.workload import read_workload
-
     reference = args.reference or default_reference_dir()
     apps = load_applications(reference)
     cluster = Cluster.uniform(args.nodes, args.gpus_per_node)
-    from unipar.sched.autoscale import ScaleConfig, ScaleRule
-
     scale = ScaleConfig(ScaleRule(args.scale_rule))
     fleet = make_fleet(cluster, args.autoscale, args.spot, args.seed, scale)
     policy = make_policy(PolicyName(args.policy))
@@ -85,8 +82,6 @@ def run_simulate(args: argparse.Namespace) -> int:
     result.write_json(args.out / "jobs.json")
     written = [args.out / "jobs.json"]
     if not args.no_plot:
-        from unipar.sched.plot import write_png
-
         write_png(result, args.out / "sim.png")
         written.append(args.out / "sim.png")
     print("wrote " + ", ".join(map(str, written)))

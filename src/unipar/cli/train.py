@@ -6,22 +6,24 @@ import argparse
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from unipar import validate
+from unipar import checks
+from unipar.adapt import AdaptiveBatch
 from unipar.errors import ConfigError
 from unipar.job_file import check_target, load_job
+from unipar.ray_cluster.address import check_cluster
+from unipar.runtime.config import RunConfig, cli_fields
 
 if TYPE_CHECKING:
     from unipar.job import Job
-    from unipar.runtime.config import RunConfig
     from unipar.runtime.preflight import Preflight
 
 DEFAULT_MAX_BATCH_FACTOR = 8
 
 
 def _train(args: argparse.Namespace) -> int:
-    import ray
+    import ray  # noqa: PLC0415 (heavy: Ray)
 
-    from unipar.ray_cluster.session import start_ray
+    from unipar.ray_cluster.session import start_ray  # noqa: PLC0415 (heavy: Ray)
 
     config = _check_train_args(args)
     pre = _load_and_check(args, config)  # bad input is answered before Ray starts
@@ -35,13 +37,11 @@ def _train(args: argparse.Namespace) -> int:
 def _check_train_args(args: argparse.Namespace) -> RunConfig:
     """What of ``unipar train`` can be checked before the job is loaded or Ray starts:
     the flags (as :class:`RunConfig`), and the cluster's address, probed."""
-    from unipar.ray_cluster.address import check_cluster
-
     check_target(args.target)
     if args.steps is not None:
-        validate.integer("--steps", args.steps, minimum=1)
+        checks.integer("--steps", args.steps, minimum=1)
     if args.max_batch is not None:
-        validate.integer("--max-batch", args.max_batch, minimum=1)
+        checks.integer("--max-batch", args.max_batch, minimum=1)
         if not args.adaptive_batch:
             raise ConfigError(
                 f"--max-batch bounds the adaptive batch, but got --max-batch {args.max_batch} "
@@ -55,7 +55,7 @@ def _check_train_args(args: argparse.Namespace) -> RunConfig:
 
 def _load_and_check(args: argparse.Namespace, config: RunConfig) -> Preflight:
     """The job file executed once, the command line's changes to the job, the preflight."""
-    from unipar.runtime.preflight import preflight
+    from unipar.runtime.preflight import preflight  # noqa: PLC0415 (heavy: torch)
 
     job = load_job(args.target)
     if args.steps is not None:
@@ -69,8 +69,6 @@ def with_adaptive_batch(job: Job, max_batch: int | None) -> Job:
     """``job`` adapting its batch up to ``max_batch`` (None: 8 × its global batch); the
     job's rules (a bound at least M0, a rule for its optimizer) are checked as it is
     made, its loss by the preflight."""
-    from unipar.adapt import AdaptiveBatch
-
     bound = max_batch if max_batch is not None else DEFAULT_MAX_BATCH_FACTOR * job.global_batch_size
     return dataclasses.replace(job, adaptive=AdaptiveBatch(max_global_batch=bound))
 
@@ -78,16 +76,12 @@ def with_adaptive_batch(job: Job, max_batch: int | None) -> Job:
 def run_options(args: argparse.Namespace) -> dict[str, Any]:
     """The :class:`RunConfig` fields given on the command line (flags left out keep
     ``fit``'s defaults)."""
-    from unipar.runtime.config import cli_fields
-
     return {f.name: getattr(args, f.name) for f in cli_fields() if hasattr(args, f.name)}
 
 
 def run_config(options: dict[str, Any]) -> RunConfig:
     """Every flag's value checked by the rules of :class:`RunConfig`; errors name the
     flag rather than the field."""
-    from unipar.runtime.config import RunConfig, cli_fields
-
     try:
         return RunConfig(**options)
     except ConfigError as error:
@@ -100,7 +94,7 @@ def run_config(options: dict[str, Any]) -> RunConfig:
 
 
 def _run_and_report(pre: Preflight) -> int:
-    from unipar.runtime.run import run
+    from unipar.runtime.run import run  # noqa: PLC0415 (heavy: torch, Ray)
 
     least, most = pre.config.least_workers, pre.config.workers
     workers = f"{most}" if least == most else f"{least}..{most}"
@@ -115,8 +109,6 @@ def _run_and_report(pre: Preflight) -> int:
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """One flag per :class:`RunConfig` field that carries help text (its metadata)."""
-    from unipar.runtime.config import cli_fields
-
     for field in cli_fields():
         options = dict(field.metadata)
         flag = options.pop("flag", "--" + field.name.replace("_", "-"))

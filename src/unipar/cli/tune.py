@@ -52,7 +52,7 @@ def load_job_factory(target: str) -> Any:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from unipar.tuning.api import tune
+    from unipar.tuning.api import tune  # noqa: PLC0415 (heavy: Ray Tune, torch)
 
     result = tune(
         load_job_factory(args.target),

@@ -28,7 +28,7 @@ FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
 def load_config(source: str | Path | dict[str, Any]) -> Any:
     """A ``transformers`` config from a ``config.json`` path or its dict."""
     try:
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # noqa: PLC0415 (optional: transformers, the hf extra)
     except ImportError:
         raise ConfigError(
             "models from Hugging Face configs need transformers; install unipar[hf]"
@@ -56,7 +56,7 @@ def hf_model(source: str | Path | dict[str, Any] | Any) -> nn.Module:
     (under ``torch.device('meta')``: no memory), attention through PyTorch's SDPA, in
     the config's dtype (``dtype``; float32 if it names none), so the
     analysis sees which ops the model upcasts to float32."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 (optional: transformers)
 
     config = source if hasattr(source, "model_type") else load_config(source)
     config._attn_implementation = "sdpa"

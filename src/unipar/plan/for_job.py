@@ -17,7 +17,7 @@ from unipar.models.spec import ModelSpec
 from unipar.plan.grad_sync import parameter_facts
 from unipar.plan.presets import Strategy, constraints_for
 from unipar.plan.report import PlanReport, model_profile, plan
-from unipar.ps.worth import WORTH_SERVING_SHARE
+from unipar.plan.sync_cost import WORTH_SERVING_SHARE
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,10 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-from unipar.errors import ResourceError
+from unipar.errors import ConfigError, ResourceError
+
+# Ray is imported inside the functions that talk to a cluster: the command line checks and
+# probes an address (a socket and a handshake) before Ray, which takes seconds, loads.
 
 CONNECT_TIMEOUT_S = 3.0
 HANDSHAKE_TIMEOUT_S = 3.0
@@ -38,6 +41,22 @@ _START_ONE = (
 # HTTP/2 client preface and an empty SETTINGS frame (RFC 9113, sections 3.4 and 6.5).
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 _SETTINGS = 4
+
+
+def check_address(address: Any) -> str | None:
+    """``None`` (start a local cluster), ``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``."""
+    if address is None:
+        return None
+    if isinstance(address, str) and address in ("auto", "local"):
+        return address
+    host, _, port = str(address).removeprefix("ray://").rpartition(":")
+    if not isinstance(address, str) or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(
+            f"address must be HOST:PORT of a Ray cluster's head (e.g. 10.0.0.5:6379), "
+            f"'ray://HOST:PORT' or 'auto', but got {address!r}; leave it out to start a "
+            "local cluster"
+        )
+    return address
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -78,7 +97,7 @@ def cluster_versions(address: str) -> dict[str, Any] | None:
     """The ``ray_version`` and ``python_version`` the cluster at ``address`` runs (its
     GCS's cluster metadata), or ``None`` where it does not say. A cluster that asks for
     a token gets the one Ray's loader holds (see the module's docstring)."""
-    from ray.exceptions import AuthenticationError
+    from ray.exceptions import AuthenticationError  # noqa: PLC0415 (heavy: Ray)
 
     _switch_to_token_auth()
     try:
@@ -103,9 +122,9 @@ def _environment(**variables: str) -> Iterator[None]:
 
 
 def _read_cluster_metadata(address: str) -> dict[str, Any] | None:
-    from ray._common.usage.usage_lib import get_cluster_metadata
-    from ray._raylet import GcsClient
-    from ray.exceptions import AuthenticationError
+    from ray._common.usage.usage_lib import get_cluster_metadata  # noqa: PLC0415 (heavy: Ray)
+    from ray._raylet import GcsClient  # noqa: PLC0415 (heavy: Ray)
+    from ray.exceptions import AuthenticationError  # noqa: PLC0415 (heavy: Ray)
 
     try:
         return get_cluster_metadata(GcsClient(address=address.removeprefix("ray://")))
@@ -128,7 +147,7 @@ def _switch_to_token_auth() -> bool:
     loader holds a token (what ``ray.init(address="auto")`` does); whether it was switched
     on.
     An explicit ``RAY_AUTH_MODE`` is the user's word and is left as it is."""
-    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray._raylet import AuthenticationTokenLoader, Config  # noqa: PLC0415 (heavy: Ray)
 
     if os.environ.get(AUTH_MODE_VARIABLE) is not None:
         return False
@@ -175,7 +194,7 @@ def _token_source() -> str:
 def check_versions(address: str, cluster: dict[str, Any] | None) -> None:
     """Refuse a cluster of another Ray version, or another Python minor version (its
     workers unpickle this process's functions)."""
-    import ray
+    import ray  # noqa: PLC0415 (heavy: Ray)
 
     if not cluster:
         return
@@ -197,7 +216,7 @@ def resolve(address: str) -> str:
     """``auto``: the cluster ``ray start`` last started on this machine."""
     if address != "auto":
         return address
-    from ray._private.services import canonicalize_bootstrap_address
+    from ray._private.services import canonicalize_bootstrap_address  # noqa: PLC0415 (heavy: Ray)
 
     found = canonicalize_bootstrap_address("auto")
     if not found:

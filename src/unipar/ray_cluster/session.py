@@ -10,6 +10,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+
+from unipar.errors import ResourceError
+from unipar.ray_cluster.address import check_cluster
 
 
 @contextlib.contextmanager
@@ -61,8 +65,6 @@ def start_ray(
     its dashboard (never joining a cluster ``ray start`` left on this machine), whose
     worker processes import ``preload`` as they start.
     ``checked``: ``address`` already passed :func:`~unipar.ray_cluster.address.check_cluster`."""
-    from unipar.ray_cluster.address import check_cluster
-
     options: dict = {"include_dashboard": False, "logging_level": logging.WARNING}
     if address and address != "local":
         ray.init(address=address if checked else check_cluster(address), **options)
@@ -83,8 +85,6 @@ def require_resources(per_unit: dict[str, float], units: int, unit: str) -> None
     """Fail at once, before anything starts, when the cluster is too small in total for
     ``units`` processes (``unit``: "worker", "actor") of ``per_unit`` resources each.
     (Resources that other jobs hold are waited for: :func:`reserve_bundles`.)"""
-    from unipar.errors import ResourceError
-
     total = ray.cluster_resources()
     for resource, each in per_unit.items():
         have = total.get(resource, 0.0)
@@ -114,6 +114,18 @@ def _shortfall(bundle: dict[str, float], count: int) -> str:
     return ", ".join(short)
 
 
+def say_waiting(bundle: dict[str, float], count: int, unit: str, timeout_s: float) -> None:
+    """Say on stderr that ``count`` x ``bundle`` are waited for, up to ``timeout_s``,
+    because other jobs hold them."""
+    busy = _shortfall(bundle, count) or f"{count} {unit}s of {bundle} on few enough nodes"
+    print(
+        f"unipar: waiting up to {timeout_s:g} s for {busy}: other jobs hold them "
+        "(placement_timeout_s / --placement-timeout sets the wait)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def reserve_bundles(
     bundle: dict[str, float],
     count: int,
@@ -126,20 +138,10 @@ def reserve_bundles(
     """A placement group of ``count`` copies of ``bundle``, ready. When other jobs hold
     the resources, it says so on stderr after ``notice_after_s`` and waits; if they are
     not free within ``timeout_s``, the group is removed and a ResourceError says why."""
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    from unipar.errors import ResourceError
-
     group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
     ready, _ = ray.wait([group.ready()], timeout=min(notice_after_s, timeout_s))
     if not ready:
-        busy = _shortfall(bundle, count) or f"{count} {unit}s of {bundle} on few enough nodes"
-        print(
-            f"unipar: waiting up to {timeout_s:g} s for {busy}: other jobs hold them "
-            "(placement_timeout_s / --placement-timeout sets the wait)",
-            file=sys.stderr,
-            flush=True,
-        )
+        say_waiting(bundle, count, unit, timeout_s)
         ready, _ = ray.wait([group.ready()], timeout=max(0.0, timeout_s - notice_after_s))
     if not ready:
         busy = _shortfall(bundle, count)

@@ -9,8 +9,8 @@ from unipar.lazy import lazy_exports
 _EXPORTS = {
     "latest_checkpoint": "unipar.runtime.checkpoint",
     "load_model_state": "unipar.runtime.checkpoint",
-    "Callback": "unipar.runtime.controller",
-    "WorkerLost": "unipar.runtime.controller",
+    "Callback": "unipar.runtime.callbacks",
+    "WorkerLost": "unipar.runtime.callbacks",
     "FitResult": "unipar.runtime.run",
     "fit": "unipar.runtime.run",
     "StepMetrics": "unipar.runtime.metrics",

@@ -9,16 +9,19 @@ fields as keywords), ``unipar train`` derives its flags from the fields' metadat
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unipar import validate
+from unipar import checks
 from unipar.errors import ConfigError
 from unipar.plan.representation import Plan, Strategy
+from unipar.ray_cluster.address import check_address
 
 
 def cli(help: str, *, submit: bool = False, **argparse: Any) -> dict[str, Any]:
@@ -27,6 +30,19 @@ def cli(help: str, *, submit: bool = False, **argparse: Any) -> dict[str, Any]:
     ``cli_default`` the default the command line gives it). ``submit``: a job queued on
     the shared cluster may set it (the scheduler sets the others)."""
     return {"help": help, "submit": submit, **argparse}
+
+
+def worker_range(workers: Any) -> tuple[int | None, int]:
+    """``fit``'s ``workers``: a number (``(None, n)``: a fixed size) or a range
+    ``(least, most)``; the numbers are checked with the run's other settings."""
+    if isinstance(workers, tuple):
+        if len(workers) != 2:
+            raise ConfigError(
+                f"workers must be a number or a range (least, most), but got {workers!r}; "
+                "pass e.g. workers=(2, 8)"
+            )
+        return workers[0], workers[1]
+    return None, workers
 
 
 def parse_plan(text: str) -> Plan | Strategy:
@@ -47,8 +63,6 @@ def parse_plan(text: str) -> Plan | Strategy:
 
 def parse_workers(text: str) -> int | tuple[int, int]:
     """``--workers``: ``4``, or ``2:8`` (the fewest and the most workers)."""
-    import argparse
-
     try:
         if ":" in text:
             least, most = text.split(":")
@@ -173,14 +187,21 @@ class RunConfig:
             flag="--placement-timeout",
         ),
     )
-    collective_timeout_s: float = 300.0
+    collective_timeout_s: float = field(
+        default=300.0,
+        metadata=cli(
+            "seconds a collective may wait for a peer before the gang is treated as broken",
+            type=float,
+            flag="--collective-timeout",
+        ),
+    )
     # The controller takes in step reports at most this often (it shares the workers'
     # cores); a lost worker is still seen within this interval.
     poll_interval_s: float = 0.5
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, tuple):  # a range (least, most)
-            least, most = validate.worker_range(self.workers)
+            least, most = worker_range(self.workers)
             if self.min_workers is not None:
                 raise ConfigError(
                     f"give the range once: workers={self.workers!r} is a range, but "
@@ -195,14 +216,61 @@ class RunConfig:
                 f"plan must be a Plan, a Strategy, a strategy name or None, but got "
                 f"{type(self.plan).__name__}; pass e.g. plan='auto'"
             )
-        validate.check_address(self.address)
-        run_dir = None if self.run_dir is None else validate.path("run_dir", self.run_dir)
+        check_address(self.address)
+        run_dir = None if self.run_dir is None else checks.path("run_dir", self.run_dir)
         object.__setattr__(self, "run_dir", run_dir)
-        validate.check_run_config(self)
+        self._check()
         for name in ("checkpoint_dir", "resume"):  # str -> Path, once checked
             value = getattr(self, name)
             if isinstance(value, str):
                 object.__setattr__(self, name, Path(value))
+
+    def _check(self) -> None:
+        """The rules of every field."""
+        most = checks.integer("workers", self.workers, minimum=1)
+        if self.min_workers is not None:
+            least = checks.integer("min_workers", self.min_workers, minimum=1)
+            if least > most:
+                raise ConfigError(
+                    f"the fewest workers must not exceed the most, but got min={least} and "
+                    f"max={most}; pass workers=({min(least, most)}, {max(least, most)}) "
+                    f"(--workers {min(least, most)}:{max(least, most)})"
+                )
+        elastic = checks.boolean("elastic", self.elastic)
+        if not elastic and self.least_workers != most:
+            raise ConfigError(
+                f"a worker range ({self.least_workers}..{most}) needs elastic training, but got "
+                f"elastic=False; pass a fixed number of workers, or leave elastic on"
+            )
+        if self.snapshot_every is not None:
+            checks.integer("snapshot_every", self.snapshot_every, minimum=0)
+        if self.trace_steps is not None:
+            checks.integer("trace_steps", self.trace_steps, minimum=1)
+        cpus = checks.number("cpus_per_worker", self.cpus_per_worker, minimum=0)
+        gpus = checks.number("gpus_per_worker", self.gpus_per_worker, minimum=0)
+        if cpus == 0 and gpus == 0:
+            raise ConfigError(
+                "a worker needs a CPU or a GPU, but got cpus_per_worker=0, gpus_per_worker=0; "
+                "pass cpus_per_worker=1 (--cpus-per-worker 1)"
+            )
+        if gpus > 1 and not gpus.is_integer():
+            raise ConfigError(
+                f"gpus_per_worker above 1 must be a whole number (Ray's rule), but got {gpus:g}; "
+                f"pass {math.floor(gpus)} or {math.ceil(gpus)}"
+            )
+        if self.run_dir is not None:  # None: a fresh directory under unipar_runs/
+            checks.directory_to_create("run_dir", Path(self.run_dir))
+        if checks.path("checkpoint_dir", self.checkpoint_dir, optional=True) is not None:
+            checks.directory_to_create("checkpoint_dir", Path(self.checkpoint_dir))
+        if self.checkpoint_every is not None:
+            checks.integer("checkpoint_every", self.checkpoint_every, minimum=1)
+        checks.integer("keep_checkpoints", self.keep_checkpoints, minimum=1)
+        if not isinstance(self.resume, bool):
+            checks.path("resume", self.resume)
+        checks.integer("max_failures", self.max_failures, minimum=0)
+        checks.boolean("progress", self.progress)
+        for name in ("placement_timeout_s", "collective_timeout_s", "poll_interval_s"):
+            checks.number(name, getattr(self, name), above=0)
 
     @property
     def least_workers(self) -> int:

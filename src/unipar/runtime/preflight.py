@@ -21,14 +21,15 @@ from unipar.job import Job
 from unipar.plan import GradSync, Plan, Strategy
 from unipar.plan.for_job import JobFacts, job_facts
 from unipar.plan.resize import require_resizable
+from unipar.plan.runtime_support import check_plan_for_run
 from unipar.runtime.adaptive import check_adaptive_loss
+from unipar.runtime.callbacks import Callback
 from unipar.runtime.checkpoint import resume_point
 from unipar.runtime.config import RunConfig
-from unipar.runtime.controller import Callback
+from unipar.runtime.fit_inputs import check_fit_inputs, check_size_target
 from unipar.runtime.parallel.parallelize import check_plan_for_model
 from unipar.runtime.servers.for_job import check_worth_serving_job, server_optimizer
 from unipar.runtime.tracing import traced_steps
-from unipar.validate import check_fit_inputs, check_plan_for_run, check_size_target
 from unipar.viz.draw import require_plot_extra
 
 

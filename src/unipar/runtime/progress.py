@@ -73,17 +73,20 @@ def format_summary(
     metrics_path: str,
     resizes: list[str] | None = None,
     trace: str | None = None,
+    predictions: list[str] | None = None,
 ) -> str:
+    """The closing summary; ``predictions``: each formation's predicted against
+    measured step time (:func:`unipar.runtime.learn.summary_lines`)."""
     lines = [
         "unipar run summary",
         f"  loss          {first_loss:.4f} -> {last_loss:.4f} over {steps} steps",
         f"  throughput    {tokens_per_s:,.0f} tokens/s",
+        *(predictions or []),
         f"  wall time     {wall_time_s:.1f} s (restarts after failures: {failures})",
+        *([f"  resizes       {'; '.join(resizes)}"] if resizes else []),
         f"  checkpoint    {checkpoint}",
         f"  metrics       {metrics_path}",
     ]
-    if resizes:
-        lines.insert(4, f"  resizes       {'; '.join(resizes)}")
     if trace:
         lines.append(trace)
     return "\n".join(lines)

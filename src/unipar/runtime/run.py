@@ -14,11 +14,12 @@ from unipar.plan import GradSync, Plan, Strategy
 from unipar.plan.for_job import plan_job
 from unipar.plan.resize import resize_plan, sizes_that_work
 from unipar.ray_cluster.live import live_cluster_spec
-from unipar.ray_cluster.session import ray_session, require_resources
+from unipar.ray_cluster.session import ray_session
+from unipar.runtime.callbacks import Callback
 from unipar.runtime.checkpoint import ensure_writable
 from unipar.runtime.config import RunConfig
-from unipar.runtime.controller import Callback, Controller
-from unipar.runtime.elastic.controller import ElasticController
+from unipar.runtime.elastic.controller import Controller, check_cluster_resources
+from unipar.runtime.learn import PredictionCheck, RunLearner, summary_lines
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.preflight import Preflight, first_plan_taken, preflight
 from unipar.runtime.progress import format_summary
@@ -40,6 +41,8 @@ class FitResult:
     explanation: str | None = None  # the planner's, when it chose the plan
     resizes: tuple[Any, ...] = ()  # the elastic gang's ResizeEvents, in order
     trace: TraceOutputs | None = None  # with ``trace_steps``: trace.json, timeline.png
+    # each formation's predicted step time against its measured one (one per size)
+    predictions: tuple[PredictionCheck, ...] = ()
 
     @property
     def losses(self) -> list[float]:
@@ -62,6 +65,7 @@ class FitResult:
             metrics_path=str(self.metrics_path),
             resizes=[str(event) for event in self.resizes],
             trace=self.trace.describe() if self.trace is not None else None,
+            predictions=summary_lines(self.predictions),
         )
 
 
@@ -94,7 +98,7 @@ def fit(
     (measured under the cost model's prediction) and the measured vs predicted table,
     also in :meth:`FitResult.summary`. Off (``None``), nothing is timed.
 
-    ``callbacks``: :class:`~unipar.runtime.controller.Callback` objects told of each
+    ``callbacks``: :class:`~unipar.runtime.callbacks.Callback` objects told of each
     step, failure and resize. ``size_target``: an outside bound on an elastic run's size,
     asked at every poll (0.5 s) (see :mod:`unipar.runtime.elastic.size_target`; the
     shared cluster's scheduler sets it).
@@ -118,11 +122,7 @@ def run(pre: Preflight) -> FitResult:
     plan, strategy, explanation = pre.plan, pre.strategy, None
     try:
         with ray_session(config.address):
-            require_resources(
-                {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker},
-                config.least_workers,
-                "worker",
-            )
+            check_cluster_resources(config)
             ensure_writable(config.checkpoints)
             servers = strategy is not None and pre.servers_usable()
             if strategy is not None and (not config.elastic or servers):
@@ -146,33 +146,25 @@ def run(pre: Preflight) -> FitResult:
                     plan=plan,
                     explanation=explanation,
                 )
-            if config.elastic:
-                plan_for = _ElasticPlans(pre, plan if strategy is None else strategy)
-                controller: Controller | ElasticController = ElasticController(
-                    job,
-                    config,
-                    plan_for=plan_for,
-                    resume_from=pre.resume_from,
-                    metrics=metrics,
-                    callbacks=pre.callbacks,
-                    size_target=pre.size_target,
-                )
-            else:
-                assert isinstance(plan, Plan)
-                controller = Controller(
-                    job,
-                    plan,
-                    config,
-                    resume_from=pre.resume_from,
-                    metrics=metrics,
-                    callbacks=pre.callbacks,
-                )
+            learner = RunLearner(pre)
+            plan_for = _PlanForSize(pre, plan if strategy is None else strategy)
+            controller = Controller(
+                job,
+                config,
+                plan_for=plan_for,
+                resume_from=pre.resume_from,
+                metrics=metrics,
+                callbacks=(*pre.callbacks, learner),
+                size_target=pre.size_target,
+                predict=learner.predict,
+            )
             try:
                 outcome = controller.run()
             finally:
                 metrics.close()
-            if isinstance(controller, ElasticController):
-                plan, explanation = controller.plan or plan, plan_for.explanation
+            plan = controller.plan or plan
+            explanation = plan_for.explanation or explanation
+            predictions = learner.finish(controller.state.trace)
             trace = None
             if config.trace_steps is not None and controller.state.trace:
                 assert isinstance(plan, Plan)
@@ -194,14 +186,15 @@ def run(pre: Preflight) -> FitResult:
         wall_time_s=time.perf_counter() - started,
         plan=plan,
         explanation=explanation,
-        resizes=tuple(getattr(controller, "resizes", ())),
+        resizes=tuple(controller.resizes),
         trace=trace,
+        predictions=predictions,
     )
 
 
-class _ElasticPlans:
-    """The plan for each size an elastic gang takes: the planner's choice on the live
-    cluster for a strategy, else the given plan re-derived for the size."""
+class _PlanForSize:
+    """The plan for each size the gang takes (one, unless elastic): the planner's choice
+    on the live cluster for a strategy, else the given plan re-derived for the size."""
 
     def __init__(self, pre: Preflight, plan: Plan | Strategy) -> None:
         self.pre, self.config, self.plan = pre, pre.config, plan

@@ -11,8 +11,9 @@ from typing import Any
 
 from unipar.analysis.profile import ModelProfile
 from unipar.plan import Plan
+from unipar.ray_cluster.live import live_cluster_spec
 from unipar.runtime.config import RunConfig
-from unipar.runtime.tracing import TraceRecord
+from unipar.viz.records import TraceRecord
 from unipar.viz.trace import TraceOutputs, predicted_run_timeline, write_trace
 
 
@@ -38,8 +39,6 @@ def write_run_trace(
 
 
 def _cluster(config: RunConfig, plan: Plan) -> Any:
-    from unipar.ray_cluster.live import live_cluster_spec
-
     return live_cluster_spec(
         plan.mesh.world_size,
         cpus_per_worker=config.cpus_per_worker,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import ray.cloudpickle
 from ray.autoscaler.sdk import request_resources
 from ray.exceptions import ActorAlreadyExistsError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -251,7 +252,8 @@ class Scheduler:
             self._end(row, JobState.FAILED, f"failed: {status.error}", error=status.error)
 
     def _start(self, row: JobRow, count: int) -> None:
-        from unipar.service.runner import JobRunner
+        # the runner trains (torch); the scheduler, and the client that reads it, do not
+        from unipar.service.runner import JobRunner  # noqa: PLC0415 (heavy: torch)
 
         log = self._log_path(row.id)
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -314,8 +316,6 @@ class RunnerLost:
 def _load(blob: bytes) -> tuple[bytes, dict[str, Any]]:
     """The pickled job (left pickled: the scheduler never imports torch) and its ``fit``
     options, as :func:`unipar.service.client.submit` stored them."""
-    import ray.cloudpickle
-
     return ray.cloudpickle.loads(blob)
 
 

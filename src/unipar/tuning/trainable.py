@@ -15,10 +15,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ray import tune
+from ray.tune import PlacementGroupFactory
+
 from unipar.job import Job
+from unipar.runtime.callbacks import Callback
+from unipar.runtime.checkpoint import STATE_FILE, checkpoint_name, list_checkpoints, read_checkpoint
 from unipar.runtime.config import RunConfig
-from unipar.runtime.controller import Callback
 from unipar.runtime.metrics import StepMetrics
+from unipar.runtime.run import fit
 
 MakeJob = Callable[[dict[str, Any]], Job]
 
@@ -37,8 +42,6 @@ def checkpoint_plan(steps: int) -> tuple[int, int]:
 
 def gang_resources(settings: RunConfig) -> Any:
     """The trial's resources as one gang: an empty head bundle, then one per worker."""
-    from ray.tune import PlacementGroupFactory
-
     worker = {"CPU": settings.cpus_per_worker}
     if settings.gpus_per_worker:
         worker["GPU"] = settings.gpus_per_worker
@@ -54,10 +57,6 @@ class _ReportToTune(Callback):
         self.reported: Path | None = None
 
     def on_step(self, metrics: StepMetrics, workers: Sequence[Any]) -> None:
-        from ray import tune
-
-        from unipar.runtime.checkpoint import checkpoint_name, list_checkpoints
-
         row = {k: v for k, v in asdict(metrics).items() if k in REPORTED}
         row["step"] = metrics.step + 1
         row["resumed_from"] = self.resumed_from
@@ -75,8 +74,6 @@ class _ReportToTune(Callback):
 
 def _wait_for(checkpoint: Path, timeout_s: float = 60.0) -> None:
     """Wait until the workers have written ``checkpoint`` (its state file comes last)."""
-    from unipar.runtime.checkpoint import STATE_FILE
-
     deadline = time.monotonic() + timeout_s
     while not (checkpoint / STATE_FILE).is_file() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -91,11 +88,6 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: RunConfig)
     """The function trainable: build the trial's job, resume from Tune's checkpoint (its
     own after a restart, a donor's after a PBT exploit), train and report. ``settings``:
     every trial's run settings (the trial sets its directories and checkpoints)."""
-    from ray import tune
-
-    from unipar.runtime.checkpoint import read_checkpoint
-    from unipar.runtime.run import fit
-
     job = make_job(dict(config))
     every, keep = checkpoint_plan(job.steps)
     trial_dir = Path(tune.get_context().get_trial_dir())

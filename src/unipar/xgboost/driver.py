@@ -16,6 +16,7 @@ runtime uses too (:mod:`unipar.ray_cluster.supervisor`).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -53,6 +54,7 @@ from unipar.xgboost.gang import (
 from unipar.xgboost.matrix import RayDMatrix
 from unipar.xgboost.params import RayParams
 from unipar.xgboost.prediction import predict
+from unipar.xgboost.tune import TuneReportCallback
 
 if TYPE_CHECKING:
     import xgboost as xgb
@@ -125,8 +127,6 @@ def train(
     for matrix, name in evals:
         if not isinstance(matrix, RayDMatrix):
             raise ConfigError(f"evals entry {name!r} must be a RayDMatrix")
-    from unipar.xgboost.tune import TuneReportCallback
-
     reporters = [c for c in callbacks or [] if isinstance(c, TuneReportCallback)]
     callbacks = [c for c in callbacks or [] if not isinstance(c, TuneReportCallback)]
     started = time.perf_counter()
@@ -177,8 +177,6 @@ def train(
 
 def _check_keywords(kwargs: dict[str, Any]) -> None:
     """Keywords ``xgboost.train`` does not take fail here, before any actor starts."""
-    import inspect
-
     known = set(inspect.signature(_XGBOOST.result().train).parameters)
     unknown = sorted(set(kwargs) - known)
     if unknown:

@@ -1,7 +1,14 @@
-"""The elastic controller: lose, gain and give back workers while the job trains.
+"""The controller on the driver: starts the workers, follows their progress, survives
+failures; lose, gain and give back workers while the job trains.
 
 One *formation* is a set of live :class:`ElasticWorker` processes joined in one
-process group under one plan. The controller follows its step reports and:
+process group under one plan. The controller follows its step reports. A worker process
+that dies (killed, out of memory, node lost) is reported by Ray as soon as its process
+is gone, so the controller notices within the poll interval, not after a collective
+timeout. What it does then is its :class:`~unipar.runtime.elastic.recovery.Recovery`
+policy: ``RESTART_FROM_CHECKPOINT`` (``elastic=False``) takes the whole gang, topped up
+to its fixed size, back to the newest disk checkpoint, up to ``max_failures`` times;
+``LIVE`` (the default) recovers from memory and follows the cluster:
 
 - **loss** (a process killed, a node removed): Ray reports the dead actor within the
   poll interval; the survivors' step fails in its collective, they drop it and end
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray
@@ -42,6 +50,7 @@ import ray
 from unipar.errors import ResourceError, TrainingFailedError, UniparError, UserCodeError
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.ray_cluster.session import require_resources, say_waiting
 from unipar.ray_cluster.supervisor import (
     PROCESS_LOST,
     Member,
@@ -49,9 +58,9 @@ from unipar.ray_cluster.supervisor import (
     Supervisor,
     on_draining_nodes,
 )
+from unipar.runtime.callbacks import Callback, WorkerInfo, WorkerLost
 from unipar.runtime.checkpoint import latest_checkpoint
 from unipar.runtime.config import RunConfig
-from unipar.runtime.controller import Callback, RunState, WorkerLost
 from unipar.runtime.elastic.formation import (
     GRACE_S,
     SURVIVOR_GRACE_S,
@@ -65,6 +74,7 @@ from unipar.runtime.elastic.formation import (
     export_state,
     gather_forms,
 )
+from unipar.runtime.elastic.recovery import Recovery
 from unipar.runtime.elastic.rendezvous import RendezvousHost
 from unipar.runtime.elastic.size_target import bounded
 from unipar.runtime.elastic.snapshot import SnapshotAssembly, SnapshotPart
@@ -76,19 +86,39 @@ from unipar.runtime.elastic.worker import (
     is_stream_end,
     replicated,
 )
-from unipar.runtime.metrics import MetricsWriter, StepAggregator
+from unipar.runtime.metrics import MetricsWriter, StepAggregator, StepMetrics
 from unipar.runtime.progress import ProgressBar
-from unipar.runtime.tracing import TraceBatch
+from unipar.runtime.tracing import TraceBatch, TraceRecord, steps_traced
 from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
-from unipar.runtime.worker_group import WorkerInfo
 
 _CLUSTER_CHECK_S = 1.0  # how often the cluster is asked for free room and draining nodes
 # (and at every poll while the size target has moved or joiners start up)
 _JOINER_WAIT_S = 30.0  # workers started to grow still not placed by then are given up
 _STOPPING_POLL_S = 0.02  # how often the streams are read while the gang pauses to resize
+_NOTICE_AFTER_S = 1.0  # room still short by then at the start is held by other jobs: say so
 
 
-class ElasticController:
+def worker_needs(config: RunConfig) -> dict[str, float]:
+    """The resources Ray reserves for one worker (those it takes any of)."""
+    needs = {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker}
+    return {name: amount for name, amount in needs.items() if amount}
+
+
+def check_cluster_resources(config: RunConfig) -> None:
+    """Fail at once, before anything starts, when the cluster is too small in total."""
+    require_resources(worker_needs(config), config.least_workers, "worker")
+
+
+@dataclass
+class RunState:
+    attempt: int = 0  # the formation training now (0: the first); a restart's attempt
+    failures: int = 0
+    history: dict[int, StepMetrics] = field(default_factory=dict)
+    # The traced steps' records of the gang that ran them (``trace_steps``), all ranks.
+    trace: list[TraceRecord] = field(default_factory=list)
+
+
+class Controller:
     def __init__(
         self,
         job: Job,
@@ -99,8 +129,13 @@ class ElasticController:
         metrics: MetricsWriter,
         callbacks: Sequence[Callback] = (),
         size_target: Callable[[], int | None] | None = None,
+        predict: Callable[[Plan], float | None] | None = None,
     ) -> None:
+        """``predict``: the cost model's step time of each formation's plan, which its
+        steps' metrics carry (``None``: not predicted)."""
         self.job, self.config, self.plan_for = job, config, plan_for
+        self.recovery = Recovery.of(config)
+        self.predict = predict
         self.size_target = size_target
         self.resume_from = resume_from
         self.metrics, self.callbacks = metrics, callbacks
@@ -118,8 +153,8 @@ class ElasticController:
         self._snapshot: tuple[int, list[SnapshotPart]] | None = None
         self._joiners: list[Member] = []  # started workers the present gang may grow by
         self._started_joiners_at = 0.0  # when the last workers to grow by were started
-        needs = {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker}
-        self.supervisor = Supervisor(self._make_actor, needs)
+        self._last_lost: WorkerLost | None = None
+        self.supervisor = Supervisor(self._make_actor, worker_needs(config))
 
     def _make_actor(self):  # type: ignore[no-untyped-def]
         config = self.config
@@ -148,8 +183,8 @@ class ElasticController:
             # end may still hold: start that many; without one, start what fits now
             most = self._most()
             promised = self.size_target is not None and self.size_target() is not None
-            wanted = most if promised else max(config.least_workers,
-                                               min(most, self.supervisor.room()))
+            room = self.supervisor.room() if promised else self._room_for_least()
+            wanted = most if promised else max(config.least_workers, min(most, room))
             if config.progress:
                 self.bar.note(f"unipar: starting {wanted} worker{'s' * (wanted != 1)}")
             members = self.supervisor.start(wanted, config.placement_timeout_s,
@@ -163,7 +198,10 @@ class ElasticController:
                 try:
                     end = self._formation(members, source)
                 except FormBroken as broken:
-                    members, source = self._reform_broken(members, source, broken)
+                    if self.recovery.keeps_state_in_memory:
+                        members, source = self._reform_broken(members, source, broken)
+                    else:
+                        members, source = self._restart(broken.survivors)
                     continue
                 finished = [s.result for s in end.streams if isinstance(s.result, Finished)]
                 if finished:  # past the final barrier: every rank finished
@@ -175,6 +213,18 @@ class ElasticController:
             self.supervisor.kill(members + self._joiners)
             self.host.close()
             self.bar.close()
+
+    def _room_for_least(self) -> int:
+        """The cluster's room for workers, once it holds ``min_workers`` or after
+        ``_NOTICE_AFTER_S`` (a gang just stopped frees its resources within it); still
+        short then, other jobs hold them: say that the start waits for them."""
+        least, until = self.config.least_workers, time.monotonic() + _NOTICE_AFTER_S
+        while (room := self.supervisor.room()) < least and time.monotonic() < until:
+            time.sleep(0.1)
+        if room < least:
+            say_waiting(worker_needs(self.config), least, "worker",
+                        self.config.placement_timeout_s)
+        return room
 
     def _at_least_min(self, members: list[Member]) -> list[Member]:
         """``members``, topped up to ``min_workers`` with new ones (waiting for room)."""
@@ -224,16 +274,21 @@ class ElasticController:
         ]
         start = self._wait_formed(forms, members)
         self._assembly = SnapshotAssembly(size)  # parts of this gang only
-        self.aggregator = StepAggregator(size)
+        predicted = self.predict(plan) if self.predict is not None else None
+        self.aggregator = StepAggregator(size, predicted)
         self.bar.start_at(start)
         every = self._snapshot_every(plan)
         self.state.trace.clear()  # only the gang that ran the traced steps sends records
-        streams = [Stream(m, m.actor.train.remote(every, config.trace_steps)) for m in members]
+        traced = steps_traced(config.trace_steps, self.job)
+        streams = [Stream(m, m.actor.train.remote(every, traced)) for m in members]
         return self._follow(streams, members)
 
     def _snapshot_every(self, plan: Plan) -> int | None:
         """Replicated state needs no snapshot (any survivor has it all); sharded state is
-        snapshotted as often as 2% of the training time allows, unless set."""
+        snapshotted as often as 2% of the training time allows, unless set. A restart
+        takes no state from memory: no snapshot."""
+        if not self.recovery.keeps_state_in_memory:
+            return 0
         if self.config.snapshot_every is not None:
             return self.config.snapshot_every
         return 0 if replicated(plan) else None
@@ -323,7 +378,7 @@ class ElasticController:
                     stream.done = True
             # a moved size target, or joiners starting up, are looked at every poll
             # (not while the gang pauses: nothing is decided then)
-            deciding = not dead and not stop_requested
+            deciding = self.recovery.follows_cluster and not dead and not stop_requested
             target = self._most() if deciding else most
             if deciding and (now >= next_check or target != most or self.supervisor.pending):
                 next_check, most = now + _CLUSTER_CHECK_S, target
@@ -375,7 +430,7 @@ class ElasticController:
         return ""
 
     def _lost(self, rank: int, error: BaseException) -> None:
-        lost = WorkerLost(rank, error)
+        lost = self._last_lost = WorkerLost(rank, error)
         self.state.failures += 1
         for callback in self.callbacks:
             callback.on_failure(lost, self.state.attempt)
@@ -400,6 +455,8 @@ class ElasticController:
         gone = end.dead + end.leaving
         self.supervisor.kill(end.dead)
         survivors = [m for m in members if m not in gone]
+        if end.dead and not self.recovery.keeps_state_in_memory:
+            return self._restart(survivors)
         new = self._at_least_min(survivors + end.joiners)
         new = new[: self._usable(min(len(new), max(self._most(), len(survivors))))]
         source = self._state_source(members, end, new)
@@ -410,6 +467,18 @@ class ElasticController:
         )
         self._note_resize(event)
         return new, source
+
+    def _restart(self, survivors: list[Member]) -> tuple[list[Member], StateSource]:
+        """``RESTART_FROM_CHECKPOINT`` after a loss: the gang, topped up to its size with new
+        workers, goes back to the newest disk checkpoint, else to where the run began.
+        The survivors' processes stay (torch and the dataset loaded), their state does not."""
+        self.resume_from = latest_checkpoint(self.policy.directory) or self.resume_from
+        where = f"checkpoint {self.resume_from.name}" if self.resume_from else "the start"
+        self.bar.note(
+            f"[unipar] {self._last_lost}; restarting from {where} "
+            f"(failure {self.state.failures} of at most {self.config.max_failures})"
+        )
+        return self._at_least_min(survivors), disk_source(self.resume_from)
 
     def _note_resize(self, event: ResizeEvent) -> None:
         self.resizes.append(event)

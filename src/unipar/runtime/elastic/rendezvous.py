@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import ray
 import torch.distributed as dist
 
 _STOP = "unipar/stop"
@@ -38,8 +39,6 @@ class Rendezvous:
 
 
 def _driver_address() -> str:
-    import ray
-
     return ray.util.get_node_ip_address()
 
 

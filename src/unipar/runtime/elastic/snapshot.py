@@ -19,7 +19,9 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import fsspec
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from unipar.runtime.checkpoint import _dcp, _set_state_dicts, _state_dicts
@@ -64,8 +66,6 @@ class SnapshotAssembly:
 
 
 def _memory_fs():  # type: ignore[no-untyped-def]
-    import fsspec
-
     return fsspec.filesystem("memory")
 
 
@@ -85,7 +85,7 @@ def save_to_memory(
 
     ``collective``: every rank of the current process group calls it (sharded state);
     otherwise one process writes its own, complete state (a data-parallel replica)."""
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # noqa: PLC0415 (heavy: torch.distributed.checkpoint)
 
     dcp = _dcp()
     state, _ = _state_dicts(parts, optimizers)
@@ -116,7 +116,7 @@ def load_from_memory(
 ) -> None:
     """Load the state of a snapshot (all its ranks' parts) into this rank's ``parts``,
     resharded to the current plan."""
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # noqa: PLC0415 (heavy: torch.distributed.checkpoint)
 
     dcp = _dcp()
     fs = _memory_fs()
@@ -169,8 +169,6 @@ class SnapshotCadence:
 
 
 def _largest_on_any_rank(*values: float) -> list[float]:
-    import torch.distributed as dist
-
     tensor = torch.tensor(values, dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)

@@ -1,8 +1,9 @@
-"""The actor of an elastic gang: one process that outlives the gangs it serves.
+"""The actor of the gang (elastic or not): one process that outlives the gangs it serves.
 
-Torch, the job's dataset and DCP are imported once, when the actor starts; a resize
-only re-forms the process group and rebuilds the model for the new plan (``form``),
-so a survivor of a lost peer is training again in well under a second.
+Torch, the job's dataset and DCP are imported once, when the actor starts; a resize, or
+a restart from the disk (``elastic=False``), only re-forms the process group and
+rebuilds the model for the new plan (``form``), so a survivor of a lost peer is training
+again in well under a second (the state loaded from the disk aside).
 
 ``train`` streams, in order: step reports, in-memory snapshots (when due) and one
 final item saying how the gang's run ended for this rank:
@@ -30,6 +31,7 @@ from unipar.job import Job
 from unipar.plan import Plan
 from unipar.ray_cluster.supervisor import describe_process
 from unipar.runtime.adaptive import adapt_state_of, with_adapt_state
+from unipar.runtime.checkpoint import _dcp
 from unipar.runtime.elastic.rendezvous import Rendezvous, StopSignal, join, leave
 from unipar.runtime.elastic.snapshot import (
     SnapshotCadence,
@@ -83,8 +85,6 @@ class ElasticWorker:
         self.trainer: Trainer | None = None
         self.signal: StopSignal | None = None
         self.committed = 0
-        from unipar.runtime.checkpoint import _dcp
-
         _dcp()  # imported now, while the gang trains, not during a resize
 
     def describe(self) -> tuple[int, str, str]:
@@ -113,7 +113,9 @@ class ElasticWorker:
         )
         previous = self.trainer
         dataset = previous.dataset if previous is not None else None
-        # The new trainer replaces the previous one only once it holds the state: if this
+        if not keep:  # its state is never used again: freed before the next is built
+            self.trainer = previous = None
+        # A kept trainer is replaced only once the new one holds the state: if this
         # formation breaks (a peer lost meanwhile), this rank still holds its state as it
         # was, for the next formation to keep or export.
         trainer = Trainer(

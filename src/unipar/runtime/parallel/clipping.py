@@ -19,7 +19,7 @@ def clip_grad_norm(
     Gradients may be plain tensors or DTensors on different meshes (tensor-parallel
     layers, replicated layers, FSDP shards): each group's squared norm is reduced over
     its own mesh, then over the pipeline stages (torchtitan's ``clip_grad_norm_``)."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415 (heavy: torch.distributed.tensor)
 
     groups: dict[Any, list[torch.Tensor]] = defaultdict(list)
     for param in parameters:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from unipar.analysis.profile import LayerKind, layer_kind, layer_sequence
 from unipar.plan import Plan
@@ -35,7 +36,7 @@ def uses_fully_shard(plan: Plan) -> bool:
 def apply_fully_shard(model: nn.Module, plan: Plan, device_mesh: Any) -> nn.Module:
     """Shard ``model`` (whole model or a stage, typically still on the meta device) over
     the plan's data axes of ``device_mesh``."""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415 (heavy: torch.distributed.fsdp)
 
     mesh = plan.mesh
     # 2D with dp: replicated over dp, sharded over fsdp.
@@ -61,7 +62,5 @@ def _tied_outside(layer_name: str, tied: list[list[str]]) -> bool:
 
 def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     """Wrap a materialised ``model`` in DDP over all ranks."""
-    from torch.nn.parallel import DistributedDataParallel
-
     device_ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from unipar.errors import UnsupportedPlanError
@@ -73,8 +74,6 @@ def _broadcaster(params: list[nn.Parameter], owner: list[int], me: int) -> Calla
     gradients dropped (this rank's ``zero_grad`` reaches only its own share)."""
 
     def broadcast(*_: Any) -> None:
-        import torch.distributed as dist
-
         with torch.no_grad():
             for param, rank in zip(params, owner, strict=True):
                 dist.broadcast(param.data, src=rank)

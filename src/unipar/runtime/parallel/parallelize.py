@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from unipar.analysis.meta import SkipInPlaceOnMeta
 from unipar.errors import UnsupportedPlanError
 from unipar.models import hf
-from unipar.plan import Plan
+from unipar.plan import PipelineSchedule, Plan
 from unipar.plan.representation import MeshCoordinates
 from unipar.runtime.parallel import stages as stage_cuts
 from unipar.runtime.parallel.context import (
@@ -47,7 +48,7 @@ from unipar.runtime.parallel.tensor import (
     tensor_parallel_roles,
 )
 from unipar.runtime.parallel.weights import clean_name, load_reference_weights
-from unipar.runtime.tracing import TracedAction
+from unipar.viz.records import TracedAction
 
 Microbatch = tuple[torch.Tensor, torch.Tensor]
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -182,8 +183,6 @@ class TiedCopies:
             return
         total = grads[0] if len(grads) == 1 else torch.stack(grads).sum(0)
         if self.group is not None:
-            import torch.distributed as dist
-
             dist.all_reduce(total, group=self.group)
         for grad in grads:
             if grad is not total:
@@ -201,8 +200,6 @@ def _tied_copies(
     """For each parameter tied across stages: this rank's copies, and a process group
     with the other pipeline rank holding one. Every rank creates every group, in the
     same order (``new_group`` is collective)."""
-    import torch.distributed as dist
-
     ranks = device_mesh.mesh.reshape(plan.mesh.pp, -1)
     me = dist.get_rank()
     result = []
@@ -362,9 +359,7 @@ def _pipeline_schedule(
     loss_fn: LossFunction,
 ) -> Any:
     """``torch.distributed.pipelining`` stages for ``parts`` and the plan's schedule."""
-    from torch.distributed import pipelining
-
-    from unipar.plan import PipelineSchedule
+    from torch.distributed import pipelining  # noqa: PLC0415 (heavy: torch.distributed.pipelining)
 
     chunks = plan.mesh.pp * plan.virtual_stages
     stages = [

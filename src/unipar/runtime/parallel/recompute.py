@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from unipar.analysis.profile import LayerKind, layer_kind, layer_sequence
 from unipar.errors import UnsupportedPlanError
@@ -53,8 +55,6 @@ def apply_recompute(model: nn.Module, plan: Plan) -> nn.Module:
     dicts: ``torch.distributed.checkpoint`` drops the wrapper's prefix."""
     if plan.recompute is Recompute.NONE:
         return model
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
     layers = layer_sequence(model)
     blocks = [
         name
@@ -78,22 +78,16 @@ def apply_recompute(model: nn.Module, plan: Plan) -> nn.Module:
 
 
 def _save_matmuls(_ctx: Any, op: Callable, *_args: Any, **_kwargs: Any) -> Any:
-    from torch.utils.checkpoint import CheckpointPolicy
-
     return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _selective_contexts() -> Any:
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
     return create_selective_checkpoint_contexts(_save_matmuls)
 
 
 def _op_contexts() -> Any:
     """torchtitan's op-level policy: products counted per block and per pass (forward
     and recompute count apart, so both choose the same products)."""
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
     products = {False: 0, True: 0}
 
     def policy(ctx: Any, op: Callable, *_args: Any, **_kwargs: Any) -> Any:

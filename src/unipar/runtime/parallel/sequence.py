@@ -29,7 +29,7 @@ def _is_dropout(module: nn.Module) -> bool:
 
 
 def _is_row_wise(style: Any) -> bool:
-    from torch.distributed.tensor.parallel import RowwiseParallel
+    from torch.distributed.tensor.parallel import RowwiseParallel  # noqa: PLC0415 (heavy: torch.distributed.tensor)
 
     return isinstance(style, RowwiseParallel)
 
@@ -37,8 +37,8 @@ def _is_row_wise(style: Any) -> bool:
 def sequence_parallel_styles(model: nn.Module, styles: dict[str, Any]) -> dict[str, Any]:
     """``styles`` (tensor parallel's, per module path) with the blocks holding
     column/row-wise layers turned sequence parallel (see module doc)."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import (
+    from torch.distributed.tensor import Shard  # noqa: PLC0415 (heavy: torch.distributed.tensor)
+    from torch.distributed.tensor.parallel import (  # noqa: PLC0415 (heavy: torch.distributed.tensor)
         ColwiseParallel,
         SequenceParallel,
     )
@@ -81,8 +81,8 @@ class _BlockLayouts:
     the output's first element) gathered whole; other arguments pass as they are."""
 
     def __new__(cls) -> Any:
-        from torch.distributed.tensor import DTensor, Replicate, Shard
-        from torch.distributed.tensor.parallel.style import ParallelStyle
+        from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: PLC0415 (heavy: torch.distributed.tensor)
+        from torch.distributed.tensor.parallel.style import ParallelStyle  # noqa: PLC0415 (heavy: torch.distributed.tensor)
 
         def whole(output: Any) -> Any:
             return output.redistribute(placements=[Replicate()]).to_local()

@@ -117,8 +117,8 @@ def _input_output_widths(module: nn.Module) -> tuple[int, int]:
 
 
 def _vocab_style(name: str, layer: nn.Module, tp: int) -> Any:
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor import Replicate  # noqa: PLC0415 (heavy: torch.distributed.tensor)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel  # noqa: PLC0415 (heavy: torch.distributed.tensor)
 
     if isinstance(layer, nn.Embedding):
         rows = layer.num_embeddings
@@ -172,7 +172,7 @@ def apply_tensor_parallel(
     """Split ``model`` (the whole model or one pipeline stage, on any device) over
     ``tp_mesh`` by the ``roles`` of :func:`tensor_parallel_roles`; layers the model does
     not hold (other stages') are skipped. Parameters tied before are tied after."""
-    from torch.distributed.tensor.parallel import (
+    from torch.distributed.tensor.parallel import (  # noqa: PLC0415 (heavy: torch.distributed.tensor)
         ColwiseParallel,
         RowwiseParallel,
         parallelize_module,
@@ -228,8 +228,8 @@ def placements(tensor: torch.Tensor) -> tuple:
 @functools.cache
 def _conv1d_styles() -> dict[str, type]:
     """Parallel styles for ``Conv1D`` (defined on first use: DTensor is imported late)."""
-    from torch.distributed.tensor import Replicate, Shard, distribute_module
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor import Replicate, Shard, distribute_module  # noqa: PLC0415 (heavy: torch.distributed.tensor)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel  # noqa: PLC0415 (heavy: torch.distributed.tensor)
 
     class Conv1DColwise(ColwiseParallel):
         """Column-wise for ``Conv1D``: weight (in, out) split along out (dim 1)."""
@@ -275,7 +275,7 @@ def _conv1d_styles() -> dict[str, type]:
 
 def _distribute_conv1d(weight: Any, bias: Any, _name: str, module: nn.Module, mesh: Any) -> None:
     """Shard a ``Conv1D``'s weight and bias by the given placements."""
-    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor import distribute_tensor  # noqa: PLC0415 (heavy: torch.distributed.tensor)
 
     for name, placement in (("weight", weight), ("bias", bias)):
         param = getattr(module, name, None)
@@ -289,7 +289,7 @@ def _own_heads(_module: nn.Module, outputs: Any, mesh: Any) -> torch.Tensor:
 
     Every rank reads only its heads' columns of the gathered output: the gradients of
     the gathered tensor are partial sums, reduce-scattered back to the shards."""
-    from torch.distributed.tensor import Partial, Replicate
+    from torch.distributed.tensor import Partial, Replicate  # noqa: PLC0415 (heavy: torch.distributed.tensor)
 
     full = outputs.redistribute(placements=[Replicate()]).to_local(grad_placements=[Partial()])
     rank, size = mesh.get_local_rank(), mesh.size()

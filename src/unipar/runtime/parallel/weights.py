@@ -25,7 +25,7 @@ def load_reference_weights(
     Parameters go through ``set_model_state_dict`` with full tensors, which slices each
     into this rank's shard of its DTensor (FSDP and tensor parallel); buffers, persistent
     or not, are copied whole."""
-    from torch.distributed.checkpoint.state_dict import (
+    from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415 (heavy: torch.distributed.checkpoint)
         StateDictOptions,
         get_model_state_dict,
         set_model_state_dict,

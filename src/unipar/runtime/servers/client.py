@@ -8,10 +8,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import ray
 import torch
 
+from unipar.optimizer import OptimizerSpec
 from unipar.ps.consistency import ConsistencySpec
-from unipar.ps.optim import OptimizerSpec
 from unipar.ps.partition import Partitioning
 from unipar.runtime.servers.server import ParameterServer, Push
 
@@ -28,8 +29,6 @@ def start_servers(
 ) -> list[Any]:
     """One threaded actor per server, restarted by Ray from its latest snapshot if its
     process dies (``max_restarts``); calls in flight then are retried on the new one."""
-    import ray
-
     actor = ray.remote(ParameterServer).options(
         num_cpus=0, max_concurrency=2 * num_workers + 4, max_restarts=4, max_task_retries=-1
     )
@@ -95,15 +94,11 @@ class PSClient:
 
     def settle(self) -> None:
         """Wait until every push sent has reached its server."""
-        import ray
-
         pushes, self._pushes = self._pushes, []
         ray.get(pushes)
 
     def pull(self, clock: int, ids: dict[str, torch.Tensor], dense: bool = True) -> Pulled:
         """Dense tensors (if ``dense``) and the rows of each table that ``ids`` touch."""
-        import ray
-
         began = time.perf_counter()
         self.settle()
         self.pulled_clock = clock

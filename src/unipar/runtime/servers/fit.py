@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import ray
 import torch
 
 from unipar.job import Job
@@ -15,6 +16,7 @@ from unipar.plan.representation import Plan
 from unipar.runtime.config import RunConfig
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.progress import ProgressBar
+from unipar.runtime.servers.for_job import history_of, start_job_on_servers
 
 MODEL_FILE = "model.pt"  # the trained model's consolidated state dict (torch.save)
 
@@ -27,8 +29,6 @@ class ServersOutcome:
 
 
 def alive_nodes() -> int:
-    import ray
-
     return sum(1 for node in ray.nodes() if node.get("Alive"))
 
 
@@ -37,8 +37,6 @@ def run_on_servers(
 ) -> ServersOutcome:
     """Train ``job`` with ``plan`` (``grad_sync='parameter_server'``): one server per
     node of the connected cluster, BSP."""
-    from unipar.runtime.servers.for_job import history_of, start_job_on_servers
-
     servers = max(1, alive_nodes())
     directory = config.checkpoints
     run = start_job_on_servers(

@@ -20,27 +20,29 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate
 
+from unipar.data.sampler import GlobalBatchSampler
 from unipar.errors import ConfigError
-from unipar.job import Job, OptimizerKind, OptimizerSpec, ScheduleKind
+from unipar.job import Job
+from unipar.optimizer import OptimizerSpec, ScheduleKind
+from unipar.plan.grad_sync import parameter_facts
 from unipar.plan.representation import Plan
-from unipar.ps import optim as ps_optim
+from unipar.plan.runtime_support import check_servers_plan
+from unipar.plan.sync_cost import WORTH_SERVING_SHARE
+from unipar.ps.optim import server_rule
 from unipar.runtime.metrics import StepMetrics
 from unipar.runtime.servers.train import PSConfig, PSResult, PSRun
 
 
-def server_optimizer(job: Job) -> ps_optim.OptimizerSpec:
-    """The servers' optimizer for ``job``'s: SGD without momentum, or Adam/AdamW with no
-    weight decay (rows are updated lazily, as ``torch.optim.SparseAdam``), at a constant
-    learning rate, with no clipping and a fixed batch."""
+def server_optimizer(job: Job) -> OptimizerSpec:
+    """``job``'s optimizer, which the servers run: SGD without momentum, or Adagrad, Adam
+    or AdamW with no weight decay (rows are updated lazily, as ``torch.optim.SparseAdam``),
+    at a constant learning rate, with no clipping and a fixed batch."""
     spec = job.optimizer
     rules = []
     if not isinstance(spec, OptimizerSpec):
         rules.append("the optimizer must be an OptimizerSpec (a factory cannot run on servers)")
-    elif spec.weight_decay or (spec.kind is OptimizerKind.SGD and spec.momentum):
-        rules.append(
-            f"servers run SGD without momentum or Adam without weight decay, but got "
-            f"{spec.kind.value} with momentum={spec.momentum}, weight_decay={spec.weight_decay}"
-        )
+    elif server_rule(spec) is not None:
+        rules.append(server_rule(spec))
     if job.lr_schedule.kind is not ScheduleKind.CONSTANT or job.lr_schedule.warmup_steps:
         rules.append(
             f"servers keep a constant learning rate, but the job has a "
@@ -58,18 +60,13 @@ def server_optimizer(job: Job) -> ps_optim.OptimizerSpec:
             + "; change the job, or pass grad_sync='all_reduce' (or plan='ddp')"
         )
     assert isinstance(spec, OptimizerSpec)
-    if spec.kind is OptimizerKind.SGD:
-        return ps_optim.OptimizerSpec(ps_optim.OptimizerKind.SGD, lr=spec.lr)
-    return ps_optim.OptimizerSpec(ps_optim.OptimizerKind.ADAM, lr=spec.lr, betas=spec.betas)
+    return spec
 
 
 def check_worth_serving_job(meta_model: nn.Module) -> None:
     """Refuse servers for a model (built on the meta device) whose embedding tables (not
     tied to another layer) hold under half the parameters: pulls and pushes would move
     about as many bytes as an all-reduce."""
-    from unipar.plan.grad_sync import parameter_facts
-    from unipar.ps.worth import WORTH_SERVING_SHARE
-
     facts = parameter_facts(meta_model)
     if facts.table_share < WORTH_SERVING_SHARE:
         raise ConfigError(
@@ -77,23 +74,6 @@ def check_worth_serving_job(meta_model: nn.Module) -> None:
             f"{facts.table_share:.0%} of its {facts.table_params + facts.dense_params:,} "
             f"parameters (< {WORTH_SERVING_SHARE:.0%}; tied tables count as dense); pass "
             "grad_sync='all_reduce', or plan='auto' to let the planner choose"
-        )
-
-
-def check_servers_plan(plan: Plan) -> None:
-    """Servers serve pure data parallelism."""
-    mesh = plan.mesh
-    if plan.replica_samples:
-        raise ConfigError(
-            f"a parameter-server plan splits every global batch evenly over its workers, but "
-            f"got replica_samples={list(plan.replica_samples)}; leave replica_samples out, or "
-            "pass grad_sync='all_reduce'"
-        )
-    if mesh.world_size != mesh.dp:
-        raise ConfigError(
-            f"a parameter-server plan is pure data parallel, but got tp={mesh.tp} pp={mesh.pp} "
-            f"fsdp={mesh.fsdp} cp={mesh.cp} dp={mesh.dp}; set the other axes to 1, or pass "
-            "grad_sync='all_reduce'"
         )
 
 
@@ -109,8 +89,6 @@ class JobBatches:
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __call__(self, worker: int, clock: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from unipar.data.sampler import GlobalBatchSampler
-
         if "data" not in self._cache:
             data = self.dataset()
             self._cache["data"] = data

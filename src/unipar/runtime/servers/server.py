@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
+from unipar.optimizer import OptimizerSpec
 from unipar.ps.consistency import ConsistencySpec, may_read
-from unipar.ps.optim import OptimizerSpec, ShardOptimizer
+from unipar.ps.optim import ShardOptimizer
 
 LEFT = 2**62  # the clock of a worker that has stopped: no clock waits for it
 

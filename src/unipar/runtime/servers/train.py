@@ -14,6 +14,7 @@ reads its next batch (see :class:`~unipar.runtime.servers.client.PSClient`).
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import time
@@ -21,17 +22,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import ray
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from unipar.errors import ConfigError
+from unipar.optimizer import OptimizerKind, OptimizerSpec
 from unipar.ps.consistency import Consistency, ConsistencySpec
-from unipar.ps.optim import OptimizerKind, OptimizerSpec
 from unipar.ps.partition import Partitioning, RowSharding, TensorInfo, partition
 from unipar.ps.worth import check_worth_serving
 from unipar.runtime.servers.client import PSClient, start_servers
 
 DataFn = Callable[[int, int], Any]  # (worker, clock) -> batch
+# What the servers run when a PSConfig names no optimizer.
+SERVER_DEFAULT_OPTIMIZER = OptimizerSpec(OptimizerKind.SGD, lr=0.01)
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
 
@@ -39,7 +44,7 @@ LossFn = Callable[[nn.Module, Any], torch.Tensor]
 class PSConfig:
     num_servers: int = 1
     sharding: RowSharding = RowSharding.RANGE
-    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    optimizer: OptimizerSpec = SERVER_DEFAULT_OPTIMIZER
     consistency: ConsistencySpec = field(default_factory=ConsistencySpec)
     serve_dense: bool = True  # False: dense tensors all-reduced among the workers
     snapshot_dir: str | None = None
@@ -62,14 +67,6 @@ class _Budget:
     def take(self) -> bool:
         self.left -= 1
         return self.left >= 0
-
-
-def _torch_optimizer(spec: OptimizerSpec, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    if spec.kind is OptimizerKind.SGD:
-        return torch.optim.SGD(params, lr=spec.lr)
-    if spec.kind is OptimizerKind.ADAGRAD:
-        return torch.optim.Adagrad(params, lr=spec.lr)
-    return torch.optim.Adam(params, lr=spec.lr, betas=spec.betas, eps=spec.eps)
 
 
 class PSWorker:
@@ -110,10 +107,8 @@ class PSWorker:
         else:  # dense tensors stay here, all-reduced
             self.model.load_state_dict(dense_init, strict=False, assign=True)
             dense = [p for n, p in self.model.named_parameters() if n not in self.tables]
-            self.local_optimizer = _torch_optimizer(config.optimizer, dense)
+            self.local_optimizer = config.optimizer.build(dense)
             if world > 1:
-                import torch.distributed as dist
-
                 dist.init_process_group(
                     "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
                 )
@@ -167,8 +162,6 @@ class PSWorker:
         slowdown: Slowdown | None = None,
     ) -> dict:
         """Run ``quota`` clocks, or while the shared ``budget`` actor gives steps."""
-        import ray
-
         losses, step_s = [], []
         start = time.perf_counter()
         while ray.get(budget.take.remote()) if budget is not None else self.clock < quota:
@@ -229,8 +222,6 @@ class PSWorker:
     def _all_reduce(self, grads: dict[str, torch.Tensor]) -> None:
         if self.world == 1:
             return
-        import torch.distributed as dist
-
         for g in grads.values():
             dist.all_reduce(g)
             g.div_(self.world)
@@ -297,8 +288,6 @@ class PSRun:
     ) -> None:
         """``steps`` clocks per worker; with ``shared_budget``, ``steps * workers``
         worker-steps shared first come first served (fast workers do more)."""
-        import ray
-
         model = factory()
         infos = tensor_infos(model)
         check_worth_serving(infos, serve_dense=config.serve_dense)
@@ -307,8 +296,6 @@ class PSRun:
         state = {n: p.detach() for n, p in model.named_parameters()}
         if config.snapshot_dir:
             shutil.rmtree(config.snapshot_dir, ignore_errors=True)
-            import os
-
             os.makedirs(config.snapshot_dir)
         self.servers = start_servers(
             self.parts,
@@ -353,23 +340,17 @@ class PSRun:
 
     def stop(self) -> None:
         """Stop the run's workers, servers and shared step budget."""
-        import ray
-
         for handle in [*self.workers, *self.servers, self.budget]:
             if handle is not None:
                 ray.kill(handle)
 
     def server_status(self) -> list[dict]:
-        import ray
-
         return ray.get([s.status.remote() for s in self.servers])
 
     def poll(self, timeout_s: float | None = None) -> bool:
         """Whether every worker is done, waiting up to ``timeout_s`` (None: no limit) for
         one more. A worker's error is raised as soon as it comes (its peers may wait for
         it at a barrier forever), and the run is stopped."""
-        import ray
-
         if self._running:
             done, self._running = ray.wait(self._running, num_returns=1, timeout=timeout_s)
             try:
@@ -382,8 +363,6 @@ class PSRun:
     def result(self) -> PSResult:
         """The run's outcome once every worker is done (:meth:`poll`); workers and
         servers are stopped either way."""
-        import ray
-
         while not self.poll():
             pass
         try:
@@ -406,8 +385,6 @@ class PSRun:
         )
 
     def gather(self) -> dict[str, torch.Tensor]:
-        import ray
-
         states = ray.get([s.state.remote() for s in self.servers])
         out = {}
         for name, rows in self.parts.tables.items():

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import enum
 
+from unipar.sched.policies.fifo import FifoPolicy
+from unipar.sched.policies.goodput import pollux_policy, unipar_policy
+from unipar.sched.policies.optimus import OptimusPolicy
+from unipar.sched.policies.tiresias import TiresiasPolicy
 from unipar.sched.policy import Policy
 
 
@@ -17,11 +21,6 @@ class PolicyName(enum.Enum):
 
 def make_policy(name: PolicyName) -> Policy:
     """A fresh policy object of the given kind."""
-    from unipar.sched.policies.fifo import FifoPolicy
-    from unipar.sched.policies.goodput import pollux_policy, unipar_policy
-    from unipar.sched.policies.optimus import OptimusPolicy
-    from unipar.sched.policies.tiresias import TiresiasPolicy
-
     return {
         PolicyName.UNIPAR: unipar_policy,
         PolicyName.POLLUX: pollux_policy,

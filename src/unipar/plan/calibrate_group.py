@@ -1,7 +1,11 @@
 """Measure what a group of CPU worker processes costs beyond their arithmetic: gloo
 collectives and the framework's own work per operation. Run as two processes::
 
-    python -m unipar.cluster.calibrate_group RANK WORLD PORT
+    python -m unipar.plan.calibrate_group RANK WORLD PORT
+
+It sits with the planner because it measures against the planner's cost model (the
+sustained slowdown below is measured over predicted time); :mod:`unipar.cluster.calibrate`
+starts it and turns its numbers into the CPU's :class:`~unipar.cluster.spec.DeviceSpec`.
 
 Rank 0 prints one JSON object:
 
@@ -34,6 +38,22 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+from unipar.analysis.profile import analyze
+from unipar.cluster.calibrate import (
+    SMALL_MODEL_MATMULS,
+    measure_elementwise_bandwidth,
+    measure_matmul_flops,
+)
+from unipar.cluster.spec import ClusterSpec, DeviceSpec, LinkSpec, Precision
+from unipar.plan.cost import ADAM_STEP_BYTES_PER_PARAM, layer_forward_time
 
 _CHAIN = 48  # tiny layers per measurement
 _WIDTH = 8
@@ -99,12 +119,6 @@ def _ring_seconds(nbytes: float, fraction: float, latency: float, bandwidth: flo
 
 
 def _sharded_linear_overhead(latency: float, bandwidth: float) -> float:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
 
     class Pair(nn.Module):
         def __init__(self) -> None:
@@ -131,7 +145,6 @@ def _sharded_linear_overhead(latency: float, bandwidth: float) -> float:
 
 def _fsdp_unit_overhead(latency: float, bandwidth: float) -> float:
     """Per unit and pass, of ZeRO-3 over the group, beyond its collectives."""
-    from torch.distributed.fsdp import fully_shard
 
     x = torch.randn(1, _WIDTH)
     model = _chain()
@@ -148,8 +161,6 @@ def _fsdp_unit_overhead(latency: float, bandwidth: float) -> float:
 
 def _optimizer_bandwidth(params: int = 1_000_000) -> float:
     """Bytes per second of one AdamW step, counted as the cost model counts them."""
-    from unipar.plan.cost import ADAM_STEP_BYTES_PER_PARAM
-
     weights = [nn.Parameter(torch.randn(params // 10)) for _ in range(10)]
     for weight in weights:
         weight.grad = torch.randn_like(weight)
@@ -160,12 +171,6 @@ def _optimizer_bandwidth(params: int = 1_000_000) -> float:
 def _arithmetic() -> dict[str, float]:
     """Rates with every rank computing at once, as workers do: they share the
     machine's memory bandwidth and clock."""
-    from unipar.cluster.calibrate import (
-        SMALL_MODEL_MATMULS,
-        measure_elementwise_bandwidth,
-        measure_matmul_flops,
-    )
-
     dist.barrier()
     flops = statistics.median(measure_matmul_flops(*shape) for shape in SMALL_MODEL_MATMULS)
     dist.barrier()
@@ -203,10 +208,6 @@ def _sustained_slowdown(arithmetic: dict[str, float], op_overhead: float) -> flo
     MLP blocks, not any model being planned), with every rank training at once for a few
     seconds: what sustained load (shared caches, memory bandwidth and clock) takes
     beyond the short measurements of the single rates."""
-    from unipar.analysis.profile import analyze
-    from unipar.cluster.spec import DeviceSpec, Precision
-    from unipar.plan.cost import ADAM_STEP_BYTES_PER_PARAM
-
     batch, seq, width = 16, 64, 192
     model = _ResidualMLP(width)
     x = torch.randn(batch, seq, width)
@@ -248,9 +249,6 @@ def _sustained_slowdown(arithmetic: dict[str, float], op_overhead: float) -> flo
 
 
 def _layer_forward_seconds(layer, batch: int, device) -> float:  # type: ignore[no-untyped-def]
-    from unipar.cluster.spec import ClusterSpec, LinkSpec
-    from unipar.plan.cost import layer_forward_time
-
     link = LinkSpec(bandwidth=1e9, latency_s=0.0)
     return layer_forward_time(layer, batch, 1, ClusterSpec("cpu", 1, 1, device, link, link))
 

@@ -1,4 +1,6 @@
-"""Price a parameter server next to an all-reduce, per training step, and choose. Pure.
+"""Price a parameter server next to an all-reduce, per training step, and choose. Pure:
+the planner's cost model of the gradient exchange (:mod:`unipar.plan.grad_sync` feeds it
+a model's tables), below the servers themselves (:mod:`unipar.ps`).
 
 - All-reduce (ring; Patarasuk & Yuan 2009; Thakur et al. 2005):
   ``t = 2 (n-1)/n * B / bw + 2 (n-1) * alpha`` where ``B`` is every gradient byte,
@@ -22,17 +24,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 from unipar.errors import ConfigError
+from unipar.plan.representation import GradSync
 
 ROW_ID_BYTES = 8  # int64 ids pushed with each gradient row
 PS_ROUND_TRIPS = 2  # a pull (dense tensors and rows in one call), a push
 
 
-class SyncKind(Enum):
-    ALL_REDUCE = "all_reduce"
-    PARAMETER_SERVER = "parameter_server"
+# Below this share of the parameters in embedding tables, sparse pulls save little over
+# an all-reduce of everything (the dense part dominates the bytes either way).
+WORTH_SERVING_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class Links:
 
 @dataclass(frozen=True)
 class Price:
-    kind: SyncKind
+    kind: GradSync
     bytes_per_worker: float  # bytes one worker sends and receives per step
     comm_s: float
     step_s: float
@@ -89,7 +91,7 @@ def price_all_reduce(w: SparseWorkload, links: Links) -> Price:
     moved = 2 * (n - 1) / n * grad_bytes
     comm = moved / links.all_reduce_bw + 2 * (n - 1) * links.latency_s if n > 1 else 0.0
     update = 3 * grad_bytes / links.update_bw
-    return Price(SyncKind.ALL_REDUCE, moved, comm, w.compute_s + comm + update)
+    return Price(GradSync.ALL_REDUCE, moved, comm, w.compute_s + comm + update)
 
 
 def price_ps(w: SparseWorkload, links: Links) -> Price:
@@ -109,12 +111,12 @@ def price_ps(w: SparseWorkload, links: Links) -> Price:
         dense = SparseWorkload(0, w.dim, w.dense_params, 0.0, w.workers)
         comm += price_all_reduce(dense, links).comm_s
     step = max(w.compute_s, comm) if w.staleness > 0 else w.compute_s + comm
-    return Price(SyncKind.PARAMETER_SERVER, per_worker, comm, step)
+    return Price(GradSync.PARAMETER_SERVER, per_worker, comm, step)
 
 
 @dataclass(frozen=True)
 class SyncChoice:
-    kind: SyncKind
+    kind: GradSync
     ps: Price
     all_reduce: Price
     reason: str
@@ -123,8 +125,8 @@ class SyncChoice:
 def choose_grad_sync(w: SparseWorkload, links: Links) -> SyncChoice:
     """The faster of the two per step, with the reason in numbers."""
     ps, ar = price_ps(w, links), price_all_reduce(w, links)
-    kind = SyncKind.PARAMETER_SERVER if ps.step_s < ar.step_s else SyncKind.ALL_REDUCE
-    win, lose = (ps, ar) if kind is SyncKind.PARAMETER_SERVER else (ar, ps)
+    kind = GradSync.PARAMETER_SERVER if ps.step_s < ar.step_s else GradSync.ALL_REDUCE
+    win, lose = (ps, ar) if kind is GradSync.PARAMETER_SERVER else (ar, ps)
     reason = (
         f"{kind.value}: {win.step_s * 1e3:.1f} ms/step vs {lose.step_s * 1e3:.1f} ms for "
         f"{lose.kind.value}; a worker moves {win.bytes_per_worker / 2**20:.2f} MiB vs "
