@@ -222,6 +222,13 @@ def learn(
     return cluster
 
 
+def first_choice_gap(first: list[float], fastest: list[float]) -> Spread:
+    """Each re-timing round's first choice over that round's time of the measured fastest,
+    less 1: the median and range over the rounds (missing if a round is)."""
+    ratios = ratio_spread(first, fastest)
+    return Spread(ratios.median - 1, ratios.low - 1, ratios.high - 1, ratios.count)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
@@ -301,10 +308,8 @@ def main() -> int:
         for k, i in enumerate(contenders)
     }
     fastest = min(medians, key=medians.get)
-    # Each round's first choice over that round's time of the measured fastest, minus 1.
-    first = [again[(r, 0)] for r in range(args.rounds)]
-    best = [again[(r, contenders.index(fastest))] for r in range(args.rounds)]
-    ratios = ratio_spread(first, best)
+    gap = first_choice_gap([again[(r, 0)] for r in range(args.rounds)],
+                           [again[(r, contenders.index(fastest))] for r in range(args.rounds)])
     print(f"\nre-timed {args.rounds} rounds, interleaved (median s/step, spread):")
     for i in contenders:
         mark = " <- planner's first choice" if i == 0 else ""
@@ -314,7 +319,6 @@ def main() -> int:
           f"without (load average {load:.1f} on {os.cpu_count()} cores)")
     verdict = Verdict(quick=args.quick)
     verdict.target("median_err", median_error, 0.10)
-    gap = Spread(ratios.median - 1, ratios.low - 1, ratios.high - 1, ratios.count)
     verdict.target("first_choice_gap", gap, 0.05)
     return verdict.finish({
         "median_err": median_error,

@@ -216,6 +216,16 @@ def test_heterogeneous_ratios_use_the_uneven_plan_alone():
     assert he.rank0_orders([[1]]) == [[[1]]]
 
 
+def test_plan_ranking_first_choice_gap_per_round():
+    import plan_ranking as pr
+
+    gap = pr.first_choice_gap([1.0, 1.1, 1.2], [1.0, 1.0, 1.0])
+    assert (gap.median, gap.low, gap.high) == pytest.approx((0.1, 0.0, 0.2))
+    assert pr.first_choice_gap([1.0, NAN], [1.0, 1.0]).missing  # a failed round
+    assert pr.first_choice_gap([1.0, 1.0], [1.0, INF]).missing  # no fastest to compare with
+    assert not measure.meets(pr.first_choice_gap([1.0], [0.9]), 0.05)  # 11% slower: a miss
+
+
 def test_sched_vs_pollux_ratios_and_length_views():
     import sched_vs_pollux as sp
 
