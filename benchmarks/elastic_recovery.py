@@ -61,7 +61,7 @@ from measure import (
     paired_ratios,
     repeats_of,
 )
-from ray_head import ray_head
+from ray_head import ray_head, wait_for_idle
 
 from unipar import fit
 from unipar.data.sampler import GlobalBatchSampler
@@ -351,22 +351,11 @@ def steady(tmp: Path, steps: int, warmup: int, snapshots: bool) -> SteadyRun:
     return steady_run([(m.finished_at, m.step_time_s) for m in result.history], warmup)
 
 
-def wait_for_idle(cpus: float = CLUSTER_CPUS, timeout_s: float = 120.0) -> None:
-    """Until every CPU of the cluster is free (the previous side's actors and placement
-    groups gone), so that each side starts at its full size."""
-    deadline = time.monotonic() + timeout_s
-    while ray.available_resources().get("CPU", 0.0) < cpus:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the cluster is still busy after {timeout_s:g} s: "
-                               f"{ray.available_resources()}")
-        time.sleep(0.5)
-
-
 def in_tmp(run):  # type: ignore[no-untyped-def]
     """``run(tmp)`` in a fresh temporary directory, on an idle cluster."""
 
     def side():  # type: ignore[no-untyped-def]
-        wait_for_idle()
+        wait_for_idle(CLUSTER_CPUS)
         with tempfile.TemporaryDirectory() as tmp:
             result = run(Path(tmp))
         print(f"    -> {result}", flush=True)

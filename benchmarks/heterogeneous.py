@@ -54,6 +54,7 @@ from measure import (
     ratio,
     repeats_of,
 )
+from ray_head import wait_for_idle
 
 from unipar import fit
 from unipar.cluster.hetero import HeteroCluster, NodeGroup
@@ -162,7 +163,9 @@ def _cluster(sample_s: list[float], allreduce_s: float, cpus: list[list[int]]) -
 
 def _fit(samples: list[int], cpus: list[list[int]], steps: int, *, traced: bool = False):  # type: ignore[no-untyped-def]
     """``fit`` of the job for ``steps`` on ``len(samples)`` workers pinned to ``cpus`` with
-    those shares (traced: its steps after the first)."""
+    those shares (traced: its steps after the first), once the previous run's workers are
+    gone (under load their processes take a while to exit)."""
+    wait_for_idle(len(CPUS))
     with tempfile.TemporaryDirectory() as run_dir:
         return fit(
             _job(steps, cpus),

@@ -73,3 +73,17 @@ def ray_head(num_cpus: int, *, preload: Sequence[str] = (), timeout_s: float = 1
             for pid in left:  # only processes of the group this head started
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def wait_for_idle(cpus: float, timeout_s: float = 120.0) -> None:
+    """Until ``cpus`` CPUs of the Ray instance this process joined are free (the previous
+    run's actors and placement groups gone: under load their processes take seconds to
+    exit), so that each side starts at its full size."""
+    import ray  # deferred: the rest of this module runs without Ray imported
+
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0.0) < cpus:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the cluster is still busy after {timeout_s:g} s: "
+                               f"{ray.available_resources()}")
+        time.sleep(0.5)
