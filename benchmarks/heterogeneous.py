@@ -288,11 +288,16 @@ def round_ratios(cases: dict[str, Case]) -> dict[str, float]:
     }
 
 
-def losses_check(cases: dict[str, Case]) -> float:
-    """The largest relative difference of any case's per-step losses from the even
+def loss_differences(cases: dict[str, Case]) -> dict[str, float]:
+    """Each case's largest relative difference of its per-step losses from the even
     split's (``inf`` where a case has none: it failed)."""
     reference = cases[EVEN].losses
-    return max(max_relative_difference(c.losses, reference) for c in cases.values())
+    return {name: max_relative_difference(c.losses, reference) for name, c in cases.items()}
+
+
+def losses_check(cases: dict[str, Case]) -> float:
+    """The largest of :func:`loss_differences`."""
+    return max(loss_differences(cases).values())
 
 
 def main() -> int:
@@ -315,8 +320,9 @@ def main() -> int:
     for name in figures[0]:
         print(f"{name} per round: {[round(f[name], 3) for f in figures]}")
     for i, r in enumerate(results):
+        diffs = ", ".join(f"{name} {d:.1e}" for name, d in loss_differences(r).items())
         verdict.check(losses_check(r) <= LOSS_RTOL, f"round {i + 1}: every split trains the "
-                      f"even split's losses (max rel. diff {losses_check(r):.1e})")
+                      f"even split's losses (max rel. diff: {diffs})")
     values = {name: Spread.of([f[name] for f in figures]) for name in figures[0]}
     verdict.target("uneven_vs_even", values["uneven_vs_even"], 0.8)
     return verdict.finish({**values, "steps": steps})
