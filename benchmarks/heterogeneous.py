@@ -83,6 +83,7 @@ STEPS = 20  # timed steps of every case (one more, unmeasured, before them)
 CALIBRATION_STEPS = 4  # of each calibration run, the first untraced
 CPUS = [[0], [0], [1]]  # each rank's cores: two workers share core 0, one has core 1
 LOSS_RTOL = 1e-4
+PLACEMENT_TIMEOUT_S = 300.0  # how long a run may wait for its workers to start
 UNEVEN, EVEN, FAST, PER_CORE = ("uneven (planner)", "even, 3 workers", "even, fast only",
                                 "even, one per core")
 
@@ -176,6 +177,8 @@ def _fit(samples: list[int], cpus: list[list[int]], steps: int, *, traced: bool 
             checkpoint_every=10 * steps,
             progress=False,
             trace_steps=steps - 1 if traced else None,
+            # a bound, not a measured time: at load 40 three workers took over 60 s to start
+            placement_timeout_s=PLACEMENT_TIMEOUT_S,
         )
 
 
