@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from unipar.data.sampler import GlobalBatchSampler
 from unipar.job import Job, OptimizerSpec
@@ -126,8 +128,13 @@ class UserModel(nn.Module):
         return self.head(x)
 
 
-def _job(name: str, model, dataset, loss=None, steps: int = 10, batch: int = 8) -> Job:  # type: ignore[no-untyped-def]
-    extra = {"loss": loss} if loss is not None else {}
+def small_job(  # type: ignore[no-untyped-def]
+    name: str, model, dataset, loss=None, steps: int = 10, batch: int = 8, **extra
+) -> Job:
+    """A job of ``steps`` steps of ``batch`` samples, Adam at 1e-3; ``extra``: other Job
+    fields (``call``, ``collate``, ``step``)."""
+    if loss is not None:
+        extra["loss"] = loss
     return Job(
         name=name,
         model=model,
@@ -144,7 +151,7 @@ def tiny_llama_job(*, steps: int = 10, global_batch_size: int = 8) -> Job:
         vocab_size=64, seq_len=16, hidden=32, layers=2, heads=4, kv_heads=2, ffn_hidden=64
     )
     dataset = functools.partial(RandomTokens, 256, config.seq_len, config.vocab_size)
-    return _job(
+    return small_job(
         "tiny-llama", functools.partial(Llama, config), dataset, None, steps, global_batch_size
     )
 
@@ -152,20 +159,30 @@ def tiny_llama_job(*, steps: int = 10, global_batch_size: int = 8) -> Job:
 def tiny_mlp_job(*, steps: int = 10, global_batch_size: int = 8) -> Job:
     config = MLPConfig(in_features=16, hidden=32, layers=2, out_features=4, expansion=4)
     dataset = functools.partial(RandomRegression, 256, 16, 4)
-    return _job(
+    return small_job(
         "tiny-mlp", functools.partial(MLP, config), dataset, mse_loss, steps, global_batch_size
     )
 
 
 def user_model_job(*, steps: int = 10, global_batch_size: int = 8, model=UserModel) -> Job:  # type: ignore[no-untyped-def]
     dataset = functools.partial(RandomRegression, 256, 16, 4)
-    return _job("user-model", model, dataset, mse_loss, steps, global_batch_size)
+    return small_job("user-model", model, dataset, mse_loss, steps, global_batch_size)
 
 
-def single_process_losses(job: Job) -> tuple[list[float], dict[str, torch.Tensor]]:
+def single_process_losses(
+    job: Job, loss_of: Callable[[torch.nn.Module, Any, Any], torch.Tensor] | None = None
+) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Losses per step and final weights of ``job`` trained in this process on the
     whole global batch at once, with no unipar runtime involved: the reference that
-    parity tests and benchmarks compare a distributed run's losses with."""
+    parity tests and benchmarks compare a distributed run's losses with.
+    ``loss_of(model, inputs, targets)``: the step's loss (default: the job's loss of the
+    model's output, the model called as the job says)."""
+    if loss_of is None:
+
+        def loss_of(model, inputs, targets):  # type: ignore[no-untyped-def]
+            outputs = model(**inputs) if job.call.value == "kwargs" else model(inputs)
+            return job.loss(outputs, targets)
+
     torch.manual_seed(job.seed)
     model = job.model()
     optimizer = job.build_optimizer(model.parameters())
@@ -177,9 +194,8 @@ def single_process_losses(job: Job) -> tuple[list[float], dict[str, torch.Tensor
         for group, lr in zip(optimizer.param_groups, base, strict=True):
             group["lr"] = lr * job.lr_schedule.multiplier(step, job.steps)
         samples = [dataset[int(i)] for i in sampler.global_indices(step)]
-        inputs = torch.stack([s[0] for s in samples])
-        targets = torch.stack([s[1] for s in samples])
-        loss = job.loss(model(inputs), targets)
+        inputs, targets = (job.collate or default_collate)(samples)
+        loss = loss_of(model, inputs, targets)
         loss.backward()
         if job.grad_clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), job.grad_clip_norm)
