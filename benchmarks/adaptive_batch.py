@@ -17,29 +17,35 @@ is M0's scaled by the same documented rule (AdaScale's gain for SGD, AdaptDL's �
 Adam; :mod:`unipar.adapt.lr`) and its schedule runs on the same scale-invariant progress,
 ending at the same progress (the recipe's steps of M0): the benchmark measures the choice
 of batch, not a recipe. The recipe as written at each batch (the same learning rate, the
-schedule in its own steps over the same samples) runs too, as information. The adaptive
-run starts at M0 and may move within the sweep's range (``min_global_batch`` = the sweep's
-smallest, ``max_global_batch`` = 4 × M0 or more), every other setting of AdaptiveBatch
-left at its default. Every run uses the same workers, seed and data order.
+schedule in its own steps over the same samples) runs too, as information; at M0 it is
+the job as written. The adaptive run starts at M0 and may move within the sweep's range
+(``min_global_batch`` = the sweep's smallest, ``max_global_batch`` = 4 × M0 or more),
+every other setting of AdaptiveBatch left at its default. Every run uses the same
+workers, seed and data order.
 Every run is evaluated at the same cadence in samples: the held-out loss is measured
 afterwards at the first step at or after each multiple of ``checkpoint_samples`` (where
 every run checkpoints: an adaptive run's ``checkpoint_every`` counts steps of batch M0 in
 samples), so checkpoint writes disturb every run alike. A run's time to the target is the
 sum of its step times (``StepMetrics.step_time_s``: the adaptive bookkeeping and choices
 are in it; checkpoint writes and the start of the workers are not) up to the first
-evaluation at or below the target; a run that never gets there has an infinite time, and
-an adaptive run that never gets there fails the benchmark.
+evaluation at or below the target.
 
 vs_best_fixed = adaptive / best fixed batch (same rules); vs_default = adaptive / fixed M0
-(the job as written). The RESULT line holds the worse of the two tasks for each, the
-recipe-as-written sweep's best as information, and overhead: the median step time with the
-adaptive machinery on but the batch held at M0 over the plain run's (the estimator's cost).
-With ``--repeats N`` (default 3) every run is repeated N times, each pass in the reverse
-order of the one before (a shared machine's load drifts); the figures are medians over
-the passes, each ratio also per pass with its range.
+(the job as written); recipe_vs_best_fixed = adaptive / best batch of the recipe as
+written (information); overhead = the median step time with the adaptive machinery on but
+the batch held at M0 over the plain run's, less 1 (the estimator's cost). Every run is
+repeated ``--repeats`` times (default 3), each pass in the reverse order of the one before
+(a shared machine's load drifts); each figure is the median of the passes' figures, with
+its range (_min/_max); the RESULT line holds the worse task of each. A run that never
+reaches the target has an infinite time: the adaptive run's is a failure (printed; exit
+status 1), a fixed batch's is printed, and an unreached M0 leaves vs_default undefined
+(nan), never 0.
 
 The full measurement, on a quiet 2-core machine: ``python benchmarks/adaptive_batch.py``
-(both tasks, 3 passes); ``--only``, ``--scale`` and ``--repeats 1`` for a smaller run.
+(both tasks, 3 passes); ``--only``, ``--scale`` and ``--repeats`` for a smaller run,
+``--quick`` for a smoke run (the digits task alone, one pass).
+``--traces`` (a pure simulation, no training) prints ``RESULT traces_vs_best_fixed=<worst>
+traces_vs_default=<median>``.
 """
 
 from __future__ import annotations
@@ -52,14 +58,17 @@ import shutil
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
 import ray
 import torch
-from torch.utils.data import Dataset, Subset
+import workload
+from measure import Spread, Verdict, add_common_arguments, paired_ratios, ratio, repeats_of
+from torch.utils.data import Dataset
+from workload import gpt_held_out, gpt_train
 
 from unipar import Job, Plan, fit, load_model_state
 from unipar.adapt import AdaptiveBatch
@@ -72,30 +81,10 @@ from unipar.sched.solo import adaptive_run, fixed_run, measured_batches, request
 from unipar.sched.traces import default_reference_dir, load_applications
 from unipar.sched.workload import read_workload
 
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
 WORKERS = 2
 
 
 # --- the tasks' data ---------------------------------------------------------------
-
-
-def _stdlib_windows(seq_len: int):  # type: ignore[no-untyped-def]
-    from unipar.data.text import ByteTextDataset, stdlib_corpus
-
-    return ByteTextDataset(stdlib_corpus(), seq_len)
-
-
-def gpt_train(seq_len: int) -> Dataset:
-    windows = _stdlib_windows(seq_len)
-    return Subset(windows, range(len(windows) * 9 // 10))
-
-
-def gpt_held_out(seq_len: int, count: int = 96) -> Dataset:
-    windows = _stdlib_windows(seq_len)
-    start = len(windows) * 9 // 10
-    step = max(1, (len(windows) - start) // count)
-    return Subset(windows, range(start, len(windows), step)[:count])
 
 
 class Digits(Dataset):
@@ -293,14 +282,102 @@ def run(task: Task, batch: int, mode: Mode, root: Path) -> Run:
     return outcome
 
 
-def median_time(runs: list[Run]) -> float:
-    return statistics.median(r.seconds_to_target for r in runs)
+@dataclass(frozen=True)
+class TaskRatios:
+    vs_best: Spread  # adaptive / the fastest fixed batch of each pass
+    vs_default: Spread  # adaptive / fixed M0 of each pass
+    reached: bool  # the adaptive run reached the target in every pass
 
 
-def ratio(adaptive: float, fixed: float) -> float:
-    """adaptive / fixed; infinite (a failure) when the adaptive run missed the target,
-    or when no fixed run reached it either."""
-    return adaptive / fixed if math.isfinite(adaptive) and math.isfinite(fixed) else math.inf
+def task_ratios(adaptive: list[float], fixed: dict[int, list[float]], init_batch: int
+                ) -> TaskRatios:
+    """Per pass, the adaptive run's time to the target over the best fixed batch's and over
+    M0's. A time is ``inf`` where the target was not reached: the adaptive run's makes its
+    ratios infinite (and the task a failure); a fixed batch's takes it out of "best", and
+    M0's leaves no comparison (NaN, which no target accepts), never a ratio of 0."""
+    passes = range(len(adaptive))
+    best = [min(times[i] for times in fixed.values()) for i in passes]
+    return TaskRatios(
+        Spread.of(paired_ratios(adaptive, best)),
+        Spread.of(paired_ratios(adaptive, fixed[init_batch])),
+        all(math.isfinite(t) for t in adaptive),
+    )
+
+
+def step_overhead(held: list[Run], plain: list[Run]) -> Spread:
+    """Per pass, the median step time with the adaptive machinery on (batch held at M0)
+    over the plain run's, less 1; NaN where a run had no timed step."""
+    return Spread.of([ratio(h.median_step_s, p.median_step_s) - 1
+                      for h, p in zip(held, plain, strict=True)])
+
+
+def worst(figures: Iterable[Spread]) -> Spread:
+    """The task with the largest median; a missing figure (NaN) is the worst: shown, not
+    hidden."""
+    return max(figures, key=lambda s: math.inf if s.missing else s.median)
+
+
+def sweep(args: argparse.Namespace) -> int:
+    """The two tasks on 2 workers: every fixed batch under the same rules and as written,
+    and the adaptive run, ``--repeats`` passes in alternating order."""
+    repeats = repeats_of(args, quick=1)
+    # --quick: the digits task alone, its whole budget, one pass. The gpt task reaches its
+    # target only with its whole budget, and so does the digits job (hidden 1024, target
+    # 0.07): as written, in one process, held-out 0.0785 at a quarter of it (4,096
+    # samples), 0.0673 first at half.
+    scale = args.scale or 1.0
+    if args.quick and args.only is None:
+        args.only = "digits"
+    verdict = Verdict(quick=args.quick)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(workload)
+    start_ray(None, num_cpus=WORKERS)
+    same_rules: list[TaskRatios] = []
+    recipe: list[TaskRatios] = []  # the recipe as written; its M0 is the job as written
+    overheads: list[Spread] = []
+    with tempfile.TemporaryDirectory(prefix="adaptive-batch-") as tmp:
+        for task in tasks(scale):
+            if args.only not in (None, task.name):
+                continue
+            m0 = task.init_batch
+            configs = [(b, Mode.SAME_RULES) for b in task.fixed]
+            configs += [(b, Mode.RECIPE) for b in task.fixed]  # M0's recipe: the plain run
+            configs += [(m0, Mode.ADAPTIVE)]
+            runs: dict[tuple[int, Mode], list[Run]] = {c: [] for c in configs}
+            for rep in range(repeats):
+                root = Path(tmp) / f"pass{rep}"
+                for config in configs if rep % 2 == 0 else configs[::-1]:
+                    runs[config].append(run(task, config[0], config[1], root))
+
+            def times(batch: int, mode: Mode, runs=runs) -> list[float]:
+                return [r.seconds_to_target for r in runs[(batch, mode)]]
+
+            adaptive = times(m0, Mode.ADAPTIVE)
+            for mode, into in ((Mode.SAME_RULES, same_rules), (Mode.RECIPE, recipe)):
+                into.append(task_ratios(adaptive, {b: times(b, mode) for b in task.fixed}, m0))
+                swept = "  ".join(f"{b}: {Spread.of(times(b, mode))}" for b in task.fixed)
+                print(f"{task.name} fixed, {mode.value} (s to {task.target}, median and range "
+                      f"of {repeats}): {swept}; adaptive {Spread.of(adaptive)} s: adaptive / "
+                      f"best fixed = {into[-1].vs_best}", flush=True)
+                for b in task.fixed:
+                    unreached = sum(not math.isfinite(t) for t in times(b, mode))
+                    if unreached:
+                        print(f"{task.name}: fixed batch {b} ({mode.value}) did NOT reach "
+                              f"{task.target} in {unreached} of {repeats} passes", flush=True)
+            verdict.check(same_rules[-1].reached, f"{task.name}: the adaptive run reached the "
+                          f"held-out loss {task.target} in every pass (times "
+                          f"{[round(t, 2) for t in adaptive]})")
+            overheads.append(step_overhead(runs[(m0, Mode.SAME_RULES)], runs[(m0, Mode.RECIPE)]))
+            print(f"{task.name}: adaptive / M0 as written = {recipe[-1].vs_default}, estimator "
+                  f"overhead {overheads[-1]} of the median step (batch held at M0 against "
+                  f"the plain run); load {os.getloadavg()[0]:.1f}", flush=True)
+    ray.shutdown()
+    return verdict.finish({
+        "vs_best_fixed": worst(r.vs_best for r in same_rules),
+        "vs_default": worst(r.vs_default for r in recipe),
+        "recipe_vs_best_fixed": worst(r.vs_best for r in recipe),
+        "overhead": worst(overheads),
+    })
 
 
 # --- the traces part: Pollux's measured applications, one job alone --------------------
@@ -308,12 +385,7 @@ def ratio(adaptive: float, fixed: float) -> float:
 TRACE_SIZES = (1, 4, 16)
 
 
-def spread(values: list[float]) -> str:
-    """Median and range, for a figure over seeds."""
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
-
-
-def traces(reference: Path | None, seeds: int) -> None:
+def traces(reference: Path | None, seeds: int) -> int:
     """Every Pollux application alone on 1, 4 and 16 GPUs (4 per node), to its trace's
     completion: each fixed batch the trace measured (an even split over the GPUs, each
     GPU's batch one the trace timed) against the adaptive batch (the runtime's
@@ -321,11 +393,16 @@ def traces(reference: Path | None, seeds: int) -> None:
     seeds of its noisy measurements; :mod:`unipar.sched.solo`). The default batch is
     the one the paper's workloads ask for most often for the application; adaptive /
     default is summarised where the default is not the best fixed batch, beside what the
-    best fixed batch itself gains there (no batch policy gains much more)."""
+    best fixed batch itself gains there (no batch policy gains much more). A simulation:
+    its figures do not depend on the machine's load."""
+    if seeds < 1:
+        raise SystemExit(f"--seeds must be at least 1, but got {seeds}")
     reference = reference or default_reference_dir()
     apps = load_applications(reference)
     loads = [read_workload(p, apps) for p in sorted((reference / "workloads-1.0").glob("*.csv"))]
-    worst: list[float] = []
+    verdict = Verdict()
+    worst_to_best: list[float] = []
+    own_progress: list[float] = []  # each run's own progress over the trace's
     vs_default: dict[str, float] = {}  # where the default batch is not the best fixed one
     default_to_best: dict[str, float] = {}  # there, the best fixed batch over the default
     for name, app in apps.items():
@@ -334,43 +411,45 @@ def traces(reference: Path | None, seeds: int) -> None:
             fixed = {b: fixed_run(app, gpus, b).seconds for b in measured_batches(app, gpus)}
             best = min(fixed, key=lambda b: fixed[b])
             runs = [adaptive_run(app, gpus, seed=seed) for seed in range(seeds)]
-            hours = [r.seconds / 3600 for r in runs]
-            to_best = [r.seconds / fixed[best] for r in runs]
-            worst += to_best
+            to_best = [ratio(r.seconds, fixed[best]) for r in runs]
+            worst_to_best += to_best
             own = [r.estimated_progress / r.target_progress for r in runs]
-            if not all(0.9 <= x <= 1.1 for x in own):  # the run's own clock must be right
-                raise SystemExit(f"{name} on {gpus}: its own progress {own} of the trace's")
-            sweep = "  ".join(f"{b}: {t / 3600:.3g}" for b, t in sorted(fixed.items()))
-            line = (f"{name:11s} {gpus:2d} GPUs  fixed h  {sweep}\n{'':17s}adaptive "
-                    f"{spread(hours)} h over {seeds} seeds (batch mostly "
-                    f"{statistics.median(r.final_batch for r in runs):.0f}; own progress "
-                    f"{min(own):.3f}-{max(own):.3f} of the trace's)  vs best fixed ({best}) "
-                    f"{spread(to_best)}")
+            own_progress += own
+            swept = "  ".join(f"{b}: {t / 3600:.3g}" for b, t in sorted(fixed.items()))
+            line = (f"{name:11s} {gpus:2d} GPUs  fixed h  {swept}\n{'':17s}adaptive "
+                    f"{Spread.of([r.seconds / 3600 for r in runs])} h over {seeds} seeds "
+                    f"(batch mostly {statistics.median(r.final_batch for r in runs):.0f}; own "
+                    f"progress {Spread.of(own)} of the trace's)  vs best fixed ({best}) "
+                    f"{Spread.of(to_best)}")
             if default in fixed:
-                to_default = [r.seconds / fixed[default] for r in runs]
+                to_default = [ratio(r.seconds, fixed[default]) for r in runs]
                 if best != default:  # the target holds where the default is not the best
                     vs_default[f"{name}/{gpus}"] = statistics.median(to_default)
                     default_to_best[f"{name}/{gpus}"] = fixed[best] / fixed[default]
-                line += (f"  vs default ({default}) {spread(to_default)}, best fixed / "
+                line += (f"  vs default ({default}) {Spread.of(to_default)}, best fixed / "
                          f"default {fixed[best] / fixed[default]:.3f}")
             print(line, flush=True)
-    print(f"adaptive / best fixed: worst {max(worst):.3f} over {len(worst)} runs; adaptive / "
-          f"default where the default is not the best: median "
+    verdict.check(all(0.9 <= x <= 1.1 for x in own_progress), "every adaptive run's own "
+                  f"progress is within 10% of the trace's ({Spread.of(own_progress)})")
+    print(f"adaptive / best fixed: worst {max(worst_to_best):.3f} over {len(worst_to_best)} "
+          f"runs; adaptive / default where the default is not the best: median "
           f"{statistics.median(vs_default.values()):.3f} over {len(vs_default)} applications "
           f"x sizes (per application x size the median of {seeds} seeds), "
           f"{sum(v <= 0.7 for v in vs_default.values())} at or below 0.7; there the best "
           f"fixed batch over the default: median "
           f"{statistics.median(default_to_best.values()):.3f}, "
-          f"{sum(v <= 0.7 for v in default_to_best.values())} at or below 0.7")
-    print(f"RESULT traces_vs_best_fixed={max(worst):.3f} "
-          f"traces_vs_default={statistics.median(vs_default.values()):.3f}")
+          f"{sum(v <= 0.7 for v in default_to_best.values())} at or below 0.7", flush=True)
+    return verdict.finish({
+        "traces_vs_best_fixed": max(worst_to_best),
+        "traces_vs_default": statistics.median(vs_default.values()),
+    })
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--scale", type=float, default=1.0, help="sample budget factor")
+    parser.add_argument("--scale", type=float, default=None, help="sample budget factor")
     parser.add_argument("--only", choices=("gpt", "digits"), default=None)
-    parser.add_argument("--repeats", type=int, default=3, help="passes (medians over them)")
+    add_common_arguments(parser)
     parser.add_argument("--traces", action="store_true",
                         help="Pollux's measured applications on 1, 4 and 16 simulated GPUs")
     parser.add_argument("--seeds", type=int, default=3, help="--traces: seeds per run")
@@ -378,70 +457,9 @@ def main() -> None:
                         help="--traces: the Pollux reference data folder")
     args = parser.parse_args()
     if args.traces:
-        traces(args.reference, args.seeds)
-        return
-    start_ray(None, num_cpus=WORKERS)
-    figures: dict[str, list[tuple[float, float, float]]] = {}
-    overheads = []
-    with tempfile.TemporaryDirectory(prefix="adaptive-batch-") as tmp:
-        for task in tasks(args.scale):
-            if args.only not in (None, task.name):
-                continue
-            m0 = task.init_batch
-            configs = [(b, Mode.SAME_RULES) for b in task.fixed]
-            configs += [(b, Mode.RECIPE) for b in task.fixed]  # M0's recipe: the plain run
-            configs += [(m0, Mode.ADAPTIVE)]
-            runs: dict[tuple[int, Mode], list[Run]] = {c: [] for c in configs}
-            for rep in range(args.repeats):
-                root = Path(tmp) / f"pass{rep}"
-                for config in configs if rep % 2 == 0 else configs[::-1]:
-                    runs[config].append(run(task, config[0], config[1], root))
-            figures[task.name] = summarise(task, runs, args.repeats)
-            overheads.append(statistics.median(
-                p.median_step_s / f.median_step_s - 1
-                for p, f in zip(runs[(m0, Mode.SAME_RULES)], runs[(m0, Mode.RECIPE)],
-                                strict=True)
-            ))
-            print(f"{task.name}: estimator overhead {overheads[-1]:+.1%} of the median step "
-                  f"(batch held at M0 against the plain run)", flush=True)
-    ray.shutdown()
-    vs_best = max(f[0] for f in figures.values())
-    vs_default = max(f[1] for f in figures.values())
-    recipe = max(f[2] for f in figures.values())
-    print(
-        f"RESULT vs_best_fixed={vs_best:.3f} vs_default={vs_default:.3f} "
-        f"recipe_vs_best_fixed={recipe:.3f} overhead={max(overheads):.3f}"
-    )
-
-
-def summarise(
-    task: Task, runs: dict[tuple[int, Mode], list[Run]], repeats: int
-) -> tuple[float, float, float]:
-    """Print a task's figures; (adaptive / best fixed, adaptive / M0, adaptive / best of
-    the recipe as written), medians over the passes."""
-    m0 = task.init_batch
-    adaptive = runs[(m0, Mode.ADAPTIVE)]
-    out = []
-    for mode in (Mode.SAME_RULES, Mode.RECIPE):
-        fixed = {b: median_time(runs[(b, mode)]) for b in task.fixed}
-        best = min(fixed, key=lambda b: fixed[b])
-        per_pass = [ratio(a.seconds_to_target, runs[(best, mode)][i].seconds_to_target)
-                    for i, a in enumerate(adaptive)]
-        to_best = ratio(median_time(adaptive), fixed[best])
-        sweep = "  ".join(f"{b}: {t:.2f}" for b, t in fixed.items())
-        print(f"{task.name} fixed, {mode.value} (s, medians of {repeats}): {sweep}; adaptive "
-              f"{median_time(adaptive):.2f} s: adaptive / best fixed ({best}) = {to_best:.3f}, "
-              f"per pass {spread(per_pass)}", flush=True)
-        out.append(to_best)
-        if mode is Mode.SAME_RULES:
-            default = ratio(median_time(adaptive), fixed[m0])
-            per_pass = [ratio(a.seconds_to_target, runs[(m0, mode)][i].seconds_to_target)
-                        for i, a in enumerate(adaptive)]
-            print(f"{task.name}: adaptive / M0 = {default:.3f}, per pass {spread(per_pass)}; "
-                  f"load {os.getloadavg()[0]:.1f}", flush=True)
-            out.append(default)
-    return out[0], out[1], out[2]
+        return traces(args.reference, args.seeds)
+    return sweep(args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
