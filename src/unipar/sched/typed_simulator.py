@@ -11,7 +11,8 @@ runtime picks its batch for its GPUs (:mod:`unipar.goodput.batch`, AdaptDL's sea
 the throughput model the policy names. A job ends after its declared epochs.
 
 Policies see only what jobs report: the step times of the configurations they ran (to
-which each job fits Pollux's throughput model per type, and over all types as one), the
+which each job fits Pollux's throughput model per type, and over all types as one, as
+Pollux's runtime fits it: :mod:`unipar.goodput.fit_log`), the
 gradient statistics of their last epoch, the models pooled over jobs of the same
 application per type, and each new job's one-GPU throughput per type (Sia profiles a new
 job on one GPU of each type; here that profile is free).
@@ -27,7 +28,8 @@ import numpy as np
 
 from unipar.errors import ConfigError
 from unipar.goodput.batch import best_batch
-from unipar.goodput.throughput import Observation, ThroughputModel, fit
+from unipar.goodput.fit_log import fit_log
+from unipar.goodput.throughput import Observation, ThroughputModel
 from unipar.sched.results import JobResult, SimResult
 from unipar.sched.typed_cluster import TypedAllocation, TypedCluster
 from unipar.sched.typed_policy import (
@@ -44,25 +46,38 @@ _EPS = 1e-8
 
 
 class _Models:
-    """Observations by key, first report kept; the model refitted when asked after a new
-    one (several reports a round cost one fit)."""
+    """Observations by key, first report kept, and the model fitted on them (Pollux's
+    runtime's fit, :func:`unipar.goodput.fit_log.fit_log`) when asked after a new one.
 
-    def __init__(self) -> None:
+    ``pooled``: many jobs report into it; it is refitted only for a new spread (nodes,
+    GPUs) or a quarter more observations, which bounds its fits to a few per spread.
+    """
+
+    def __init__(self, pooled: bool = False) -> None:
         self.observed: dict[tuple, Observation] = {}
         self.seen = 0
+        self.pooled = pooled
         self._model: ThroughputModel | None = None
+        self._spreads: set[tuple[int, int]] = set()
+        self._fitted_on = 0
         self._dirty = False
 
     def add(self, key: tuple, obs: Observation) -> None:
-        if key not in self.observed:
-            self.observed[key] = obs
-            self.seen = max(self.seen, obs.replicas)
+        if key in self.observed:
+            return
+        self.observed[key] = obs
+        self.seen = max(self.seen, obs.replicas)
+        spread = (obs.nodes, obs.replicas)
+        if not self.pooled or spread not in self._spreads or \
+                len(self.observed) >= 1.25 * self._fitted_on:
             self._dirty = True
+        self._spreads.add(spread)
 
     @property
     def model(self) -> ThroughputModel | None:
         if self._dirty:
-            self._model = fit(list(self.observed.values()))
+            self._model = fit_log(list(self.observed.values()))
+            self._fitted_on = len(self.observed)
             self._dirty = False
         return self._model
 
@@ -85,6 +100,7 @@ class _Job:
     migrations: int = 0
     start: float | None = None
     finish: float | None = None
+    _last_choice: tuple = (None, (0, 0))
 
     def view(self, pools: dict, types: tuple[str, ...]) -> TypedJobView:
         app = self.app
@@ -151,6 +167,10 @@ class _Job:
         k, nodes = a.replicas, len(placement)
         limit = trace.max_local_for(placement)
         model = self._model(rule, pools)
+        key = (model, self.grad, placement, a.gpu_type)
+        if key == self._last_choice[0]:  # same model, statistics and GPUs: same batch
+            self.local_bsz, self.accum = self._last_choice[1]
+            return
         if model is None or self.grad is None:  # nothing measured: the smallest batch
             batch = max(app.init_batch, trace.min_local * k)
             local = math.ceil(batch / k - _EPS)
@@ -165,6 +185,7 @@ class _Job:
         atomic = min(atomic, trace.replica_max_local.get(k, atomic))
         atomic = min(atomic, int(app.max_batch / (k * (accum + 1))))
         self.local_bsz, self.accum = max(atomic, 1), accum
+        self._last_choice = (key, (self.local_bsz, self.accum))
 
     def advance(self, now: float, interval: float, rule: BatchModel, pools: dict) -> None:
         a = self.allocation
@@ -206,7 +227,7 @@ class _Job:
         obs = Observation(nodes, k, self.local_bsz, step, sync)
         self.own.setdefault(gpu_type, _Models()).add(key, obs)
         self.merged.add(key, obs)
-        pools.setdefault((self.app.name, gpu_type), _Models()).add(key, obs)
+        pools.setdefault((self.app.name, gpu_type), _Models(pooled=True)).add(key, obs)
 
 
 def _check(allocs: dict[str, TypedAllocation], jobs: dict[str, _Job],

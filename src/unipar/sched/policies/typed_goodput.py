@@ -61,6 +61,7 @@ class TypedGoodputPolicy(TypedPolicy):
     p: float = -0.5
     remaining_power: float = 1.0  # w_j = (remaining hours at B_j)^-remaining_power
     explore: float = 2.0  # most GPUs on a type = explore x most run there (pooled)
+    restart_horizon: float = float("inf")  # seconds a new configuration is expected to last
     batch_model = BatchModel.POOLED
 
     def goodput(self, state: TypedRoundState, jobs: list[TypedJobView],
@@ -136,17 +137,18 @@ class TypedGoodputPolicy(TypedPolicy):
         return place_typed(demands, state)
 
     def _restart(self, state, jobs, speedup, good, held) -> None:
-        """Pollux's reallocation factor times T_c / (T_c + δ) on every configuration but a
-        running job's own."""
+        """Pollux's reallocation factor times H_c / (H_c + δ) on every configuration but a
+        running job's own, H_c = min(T_c, horizon), T_c its predicted remaining seconds at
+        c: the restart is paid back only over the time the new configuration lasts."""
         for i, job in enumerate(jobs):
             if held[i] is None:
                 continue
             delta = job.restart_seconds
             age = state.now - job.submit_time
             factor = max(0.0, (age - job.restarts * delta) / (age + delta))
-            with np.errstate(divide="ignore"):
-                left = job.remaining_progress / good[i]
-            factor = factor * np.where(np.isfinite(left), left / (left + delta), 0.0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                left = np.minimum(job.remaining_progress / good[i], self.restart_horizon)
+                factor = factor * np.where(np.isfinite(left), left / (left + delta), 0.0)
             keep = speedup[i, held[i]]
             speedup[i] *= factor
             speedup[i, held[i]] = keep
