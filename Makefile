@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test docs lint bench clean
 
 $(BIN)/.setup-stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,13 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	$(BIN)/python -m pytest -q --durations=25 tests
+
+# The documentation site in site/ (open site/index.html): strict, so a warning fails it.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: setup
 	$(BIN)/pip install --quiet -e ".[dev,bench]"
@@ -29,4 +35,4 @@ bench: setup
 	$(BIN)/python benchmarks/plan_speed.py
 
 clean:
-	rm -rf $(VENV) unipar_runs
+	rm -rf $(VENV) unipar_runs site

@@ -50,9 +50,10 @@ from torch.utils.data import Dataset, Subset
 
 from unipar import Job, Plan, fit, load_model_state
 from unipar.adapt import AdaptiveBatch
-from unipar.job import LRSchedule, OptimizerSpec, ScheduleKind, cross_entropy_loss
+from unipar.job import cross_entropy_loss
 from unipar.models.mlp import MLP, MLPConfig
-from unipar.ray_session import start_ray
+from unipar.optimizer import LRSchedule, OptimizerSpec, ScheduleKind
+from unipar.ray_cluster.session import start_ray
 from unipar.recipes import gpt_stdlib
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

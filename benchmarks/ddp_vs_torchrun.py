@@ -11,7 +11,7 @@ prints per side:
 unipar runs twice per repeat: cold (``unipar train`` starts its embedded Ray cluster) and
 attached (``--address`` of a cluster already up, started by this script as ``unipar up``
 or ``RAY_preload_python_modules=... ray start --head`` would: workers preload torch and
-unipar's worker modules, ``unipar.ray_session.TRAINING_PRELOAD``).
+unipar's worker modules, ``unipar.ray_cluster.session.TRAINING_PRELOAD``).
 Prints the ratios unipar / torchrun; last line
 ``RESULT steady=<steps/s ratio, attached> first_cold=<ratio> first_attached=<ratio>``
 (targets: steady >= 0.99, first_cold <= 1.5, first_attached <= 1.0).
@@ -155,7 +155,7 @@ def _start_cluster() -> str:
     returns its address for ``--address``."""
     import ray
 
-    from unipar.ray_session import start_ray
+    from unipar.ray_cluster.session import start_ray
 
     start_ray(None)
     time.sleep(5)  # its idle workers up, as on a cluster started earlier

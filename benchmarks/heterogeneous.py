@@ -1,15 +1,18 @@
 """Uneven data-parallel shares on a measured heterogeneous cluster, in one invocation.
 
-Three Ray workers pinned with ``os.sched_setaffinity``: two share core 0, one has core 1,
-so the third is about twice as fast. A calibration run (even split) measures each
-worker's seconds per sample and the gradient all-reduce (and one of the fast worker
-alone, for the case that runs it alone); the cluster they make (one
-group per worker, its measured rate as its peak) goes to the heterogeneous planner,
-whose uneven plan is then run and compared with the best even split (all three
-workers, or the fast worker alone), measured in the same invocation, in three rounds of
-calibrate-then-run. Prints measured and predicted step times (medians after one warm-up
-step); the ratio is uneven / best even within each round, its median over rounds;
-pred_err the median over all runs. Last line:
+Every run is ``fit`` with a :class:`~unipar.plan.Plan` whose ``replica_samples`` give the
+shares. Three workers pinned with ``os.sched_setaffinity`` (by the job's model factory,
+from the worker's rank): two share core 0, one has core 1, so the third is about twice as
+fast. Calibration runs (even split, traced: ``trace_steps``) measure each kind of
+worker's seconds per sample from its micro-batches' forward and backward, with the kind
+to measure as rank 0 (the traced rank), and the gradient all-reduce as the step's time
+beyond the slowest compute (and the fast worker alone, for the case that runs it
+alone); the cluster they make (one group per worker, its measured rate as its peak)
+goes to the heterogeneous planner, whose uneven plan is then run and compared with the
+best even split (all three workers, or the fast worker alone), measured in the same
+invocation, in three rounds of calibrate-then-run. Prints measured and predicted step
+times (medians after one warm-up step); the ratio is uneven / best even within each
+round, its median over rounds; pred_err the median over all runs. Last line:
 ``RESULT uneven_vs_even=<uneven / best even, measured> pred_err=<median |pred/meas - 1|>``.
 """
 
@@ -20,34 +23,55 @@ import logging
 import math
 import os
 import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
 
 import ray
 
+from unipar import fit
 from unipar.cluster.hetero import HeteroCluster, NodeGroup
 from unipar.cluster.spec import ClusterSpec, DeviceSpec, LinkSpec, Precision
 from unipar.job import Job, OptimizerSpec
 from unipar.models.mlp import MLP, MLPConfig
+from unipar.plan import Mesh, Plan
 from unipar.plan.hetero import (
     HeteroKind,
     LayerProfile,
     plan_hetero,
     predict_data_parallel,
 )
-from unipar.runtime.uneven_dp import train_uneven
+from unipar.runtime.tracing import TracedAction
 from unipar.testing import RandomRegression, mse_loss
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 CONFIG = MLPConfig(in_features=256, hidden=256, layers=4, out_features=16, expansion=4)
 # The global batch is large enough that compute outweighs the gradient all-reduce
 # (~30 ms for this model's 2.1M parameters over gloo) about 20 to 1: the best uneven
 # split can at most reach 0.75 of the best even one here (rates 1:1:2 per worker).
 BATCH, MICRO, STEPS, ROUNDS = 6144, 32, 4, 3
-CPUS = [[0], [0], [1]]
+CPUS = [[0], [0], [1]]  # each rank's cores: two workers share core 0, one has core 1
+SLOW_FIRST, FAST_FIRST = CPUS, [CPUS[2], CPUS[0], CPUS[1]]  # the same workers, rank 0 each kind
 
 
-def _job(steps: int) -> Job:
+def _pinned_mlp(cpus: tuple[tuple[int, ...], ...]) -> MLP:
+    """The model, built in a gang's worker pinned (all its threads) to its rank's cores
+    ``cpus[rank]``; built anywhere else (the driver), nothing is pinned."""
+    import torch.distributed as dist
+
+    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        for thread in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(thread), cpus[rank])
+    return MLP(CONFIG)
+
+
+def _job(steps: int, cpus: list[list[int]]) -> Job:
     return Job(
         name="hetero-mlp",
-        model=functools.partial(MLP, CONFIG),
+        model=functools.partial(_pinned_mlp, tuple(tuple(c) for c in cpus)),
         dataset=functools.partial(
             RandomRegression, 2 * BATCH, CONFIG.in_features, CONFIG.out_features
         ),
@@ -55,6 +79,16 @@ def _job(steps: int) -> Job:
         global_batch_size=BATCH,
         steps=steps,
         optimizer=OptimizerSpec(lr=1e-3),
+    )
+
+
+def _plan(samples: list[int]) -> Plan:
+    """Data parallel with these per-replica shares (rank ``r`` takes ``samples[r]``)."""
+    return Plan(
+        mesh=Mesh(dp=len(samples)),
+        microbatch_size=MICRO,
+        num_microbatches=max(samples) // MICRO,
+        replica_samples=tuple(samples),
     )
 
 
@@ -95,18 +129,52 @@ def _cluster(sample_s: list[float], allreduce_s: float, cpus: list[list[int]]) -
     return HeteroCluster(tuple(groups), inter_group=link)
 
 
+def _fit(samples: list[int], cpus: list[list[int]], *, traced: bool = False):  # type: ignore[no-untyped-def]
+    """``fit`` of the job on ``len(samples)`` workers pinned to ``cpus`` with those shares
+    (traced: its steps after the first)."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        return fit(
+            _job(STEPS, cpus),
+            workers=len(samples),
+            plan=_plan(samples),
+            cpus_per_worker=1,
+            run_dir=Path(run_dir),
+            checkpoint_every=10 * STEPS,
+            progress=False,
+            trace_steps=STEPS - 1 if traced else None,
+        )
+
+
+def _rank0_compute_s(result) -> list[float]:  # type: ignore[no-untyped-def]
+    """Rank 0's forward and backward time in each traced step. The last micro-batch's
+    backward also waits for the gradient all-reduce: the median of the others stands in."""
+    spans: dict[int, dict[TracedAction, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for record in result.trace.records:
+        if record.rank == 0 and record.action in (TracedAction.FORWARD, TracedAction.BACKWARD):
+            spans[record.step][record.action].append((record.end_ns - record.start_ns) / 1e9)
+    computed = []
+    for step in sorted(spans):
+        forward, backward = spans[step][TracedAction.FORWARD], spans[step][TracedAction.BACKWARD]
+        computed.append(sum(forward) + sum(backward[:-1]) + statistics.median(backward[:-1]))
+    return computed
+
+
 def _run(samples: list[int], cpus: list[list[int]]) -> float:
-    result = train_uneven(_job(STEPS), samples, MICRO, cpus=cpus)
-    return _median(result.step_s)
+    return _median([m.step_time_s for m in _fit(samples, cpus).history])
 
 
 def _calibrate(even: list[int], cpus: list[list[int]]) -> HeteroCluster:
-    """The cluster ``cpus`` make, measured with an even split: each worker's seconds
-    per sample, and the step's time beyond the slowest compute as the all-reduce."""
-    calib = train_uneven(_job(4), even, MICRO, cpus=cpus)
-    sample_s = [_median(c) / n for c, n in zip(calib.compute_s, even, strict=True)]
-    computed = [max(c[k] for c in calib.compute_s) for k in range(len(calib.step_s))]
-    allreduce_s = max(1e-4, _median([s - c for s, c in zip(calib.step_s, computed, strict=True)]))
+    """The cluster ``cpus`` make, measured with an even split: each kind of worker's
+    seconds per sample (a run with it as the traced rank 0), and the step's time beyond
+    the slowest compute as the all-reduce."""
+    firsts = [cpus] if len(cpus) == 1 else [SLOW_FIRST, FAST_FIRST]
+    runs = [_fit(even, order, traced=True) for order in firsts]
+    rate = {}  # cores -> seconds per sample
+    for order, result in zip(firsts, runs, strict=True):
+        rate[tuple(order[0])] = statistics.median(_rank0_compute_s(result)) / even[0]
+    sample_s = [rate[tuple(c)] for c in cpus]
+    steps = [m.step_time_s for result in runs for m in result.history[1:]]
+    allreduce_s = max(1e-4, statistics.median(steps) - max(sample_s) * even[0])
     print(
         f"measured on cores {cpus}: s/sample",
         [f"{s * 1e3:.2f} ms" for s in sample_s],
@@ -126,8 +194,11 @@ def _round(even: list[int]) -> dict[str, tuple[list[int], float, float]]:
         layers, cluster, BATCH, kinds=(HeteroKind.DATA_PARALLEL,), microbatch_sizes=(MICRO,)
     )
     m = BATCH // MICRO
+    # workers the plan gives no samples are left out (HeteroPlan.to_plan)
+    taking = [(n, c) for n, c in zip(plan.replica_samples, CPUS, strict=True) if n]
     cases = {
-        "uneven (planner)": (list(plan.replica_samples), CPUS, plan.predicted_step_s),
+        "uneven (planner)": ([n for n, _ in taking], [c for _, c in taking],
+                             plan.predicted_step_s),
         "even, 3 workers": (
             even,
             CPUS,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from unipar.job import Job, OptimizerSpec
 from unipar.models.mlp import MLP, MLPConfig
-from unipar.ray_session import start_ray
+from unipar.ray_cluster.session import start_ray
 from unipar.runtime.metrics import read_metrics
 from unipar.service import client
 from unipar.service.state import JobState

@@ -15,7 +15,7 @@ from pathlib import Path
 from unipar.cluster import cluster_preset
 from unipar.models import GPTConfig, llama3_405b
 from unipar.plan import Constraints, plan
-from unipar.plan.report import describe
+from unipar.plan.explain import describe
 
 HF_405B = Path(__file__).resolve().parents[1] / "tests" / "hf_configs" / "llama3.1_405b.json"
 

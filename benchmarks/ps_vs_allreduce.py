@@ -37,17 +37,11 @@ import time
 import torch
 
 from unipar.models.ctr import CTRModel, ZipfClicks, ctr_loss
-from unipar.ps import (
-    Consistency,
-    ConsistencySpec,
-    Links,
-    SparseWorkload,
-    SyncKind,
-    choose_grad_sync,
-    price_ps,
-)
-from unipar.ps.optim import OptimizerKind, OptimizerSpec
-from unipar.ps.train import PSConfig, PSRun, Slowdown
+from unipar.optimizer import OptimizerKind, OptimizerSpec
+from unipar.plan.representation import GradSync
+from unipar.plan.sync_cost import Links, SparseWorkload, choose_grad_sync, price_ps
+from unipar.ps import Consistency, ConsistencySpec
+from unipar.runtime.servers.train import PSConfig, PSRun, Slowdown
 
 FIELDS = 4
 
@@ -230,7 +224,7 @@ def sweep_point(ray, args, ar_workers, links, fraction: float) -> dict:
     ar_s = statistics.median(t for times in ar for t in times[args.warmup :])
     ps = measure_ps(args, fraction)
     choice = choose_grad_sync(ps.workload, links)
-    faster = SyncKind.PARAMETER_SERVER if ps.step_s < ar_s else SyncKind.ALL_REDUCE
+    faster = GradSync.PARAMETER_SERVER if ps.step_s < ar_s else GradSync.ALL_REDUCE
     return {
         "fraction": fraction,
         "ps_s": ps.step_s,

@@ -162,6 +162,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reference", type=Path, default=default_sia_reference_dir())
     parser.add_argument("--quick", action="store_true", help="workloads 1-2 of each trace")
+    parser.add_argument("--philly", type=int, default=None, help="first N Philly workloads")
+    parser.add_argument("--newtrace", type=int, default=None,
+                        help="first N newTrace workloads")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("sched-vs-sia-runs"))
     parser.add_argument("--resume", action="store_true", help="reuse runs found in --out")
@@ -169,11 +172,14 @@ def main() -> None:
     ref = args.reference
     pub = published(ref)
     counts = {t: (2 if args.quick else n) for t, n in TRACES.items()}
-    tasks = [(str(ref), t, w, p.value, HETERO) for p in POLICIES for t, n in counts.items()
-             for w in range(1, n + 1)]
+    counts = {t: min(getattr(args, t) or n, TRACES[t]) for t, n in counts.items()}
+    # Philly first, workload by workload: partial results come early
+    tasks = [(str(ref), t, w, p.value, HETERO) for t, n in counts.items()
+             for w in range(1, n + 1) for p in POLICIES]
     tasks += [(str(ref), "philly", w, TypedPolicyName.UNIPAR.value, HOMO)
               for w in range(1, counts["philly"] + 1)]
-    print(f"== {len(tasks)} simulations, {args.processes} processes ==")
+    print(f"== {len(tasks)} simulations, {args.processes} processes; workloads "
+          f"{', '.join(f'{t} 1-{n}' for t, n in counts.items())} ==")
     runs = run_all(tasks, args.out, args.resume, args.processes)
     stats = {}
     for t in counts:

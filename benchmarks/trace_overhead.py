@@ -36,7 +36,7 @@ import torch.multiprocessing as mp
 from unipar.cluster import cluster_preset
 from unipar.models.gpt import GPTConfig
 from unipar.plan import Constraints, Plan, plan
-from unipar.plan.for_job import job_model_spec
+from unipar.plan.for_job import job_facts, job_model_spec
 from unipar.plan.representation import PipelineSchedule
 from unipar.runtime.tracing import (
     StepTracer,
@@ -160,7 +160,9 @@ def main() -> None:
     from unipar.viz.trace import predicted_run_timeline, write_trace
 
     last = max(r.step for r in result.records)
-    predicted = predicted_run_timeline(job(last + 1), the_plan, calibrated_cpu_cluster())
+    predicted = predicted_run_timeline(
+        job_facts(job(last + 1)).profile, the_plan, calibrated_cpu_cluster()
+    )
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="unipar-trace-"))
     outputs = write_trace(
         out,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import ray
 
-from unipar.job import LRSchedule, OptimizerSpec, ScheduleKind
+from unipar.optimizer import LRSchedule, OptimizerSpec, ScheduleKind
 from unipar.recipes import gpt_stdlib
 from unipar.tuning.api import tune
 

@@ -17,9 +17,10 @@ import tempfile
 import ray
 
 from unipar.models.ctr import CTRModel, ZipfClicks, ctr_loss
-from unipar.ps import Consistency, ConsistencySpec, Links, SparseWorkload, choose_grad_sync
-from unipar.ps.optim import OptimizerKind, OptimizerSpec
-from unipar.ps.train import PSConfig, train
+from unipar.optimizer import OptimizerKind, OptimizerSpec
+from unipar.plan.sync_cost import Links, SparseWorkload, choose_grad_sync
+from unipar.ps import Consistency, ConsistencySpec
+from unipar.runtime.servers.train import PSConfig, train
 
 ROWS, DIM, FIELDS, BATCH, WORKERS, STEPS = 1_000_000, 8, 4, 256, 2, 60
 

@@ -17,3 +17,16 @@ def ray_cluster():
         )
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def run_records_apart(tmp_path_factory):
+    """The tests' runs leave their records (what the planner learns from) in a directory
+    of their own: corrections learned from runs on this machine do not reach the tests'
+    plans, nor do the tests' runs reach the machine's."""
+    from unipar.cluster import run_records
+
+    directory = tmp_path_factory.mktemp("unipar-run-records")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(run_records, "records_dir", lambda: directory)
+        yield directory

@@ -27,7 +27,7 @@ from unipar import (
     fit,
 )
 from unipar.adapt import AdaptiveBatch
-from unipar.cli import main
+from unipar.cli.main import main
 from unipar.plan import GradSync, Mesh, Plan
 from unipar.testing import tiny_gpt_job
 
@@ -67,7 +67,7 @@ def no_ray(monkeypatch):
     """Any attempt to start or join Ray fails the test: validation alone must answer."""
     import importlib
 
-    fit_module = importlib.import_module("unipar.runtime.fit")  # the module, not fit()
+    fit_module = importlib.import_module("unipar.runtime.run")  # the module, not fit()
 
     def refuse(*args, **kwargs):
         raise RayStarted("Ray was started although validation alone could answer")
@@ -143,6 +143,7 @@ TRAIN_FLAGS = [
     (["job.py", "--max-failures", "-1"], "--max-failures must be >= 0"),
     (["job.py", "--no-progress=yes"], "ignored explicit argument"),
     (["job.py", "--placement-timeout", "0"], "--placement-timeout must be > 0"),
+    (["job.py", "--collective-timeout", "-1"], "--collective-timeout must be > 0"),
     (["job.py", "--max-batch", "64"], "--max-batch 64 without --adaptive-batch"),
     (["job.py", "--adaptive-batch", "--max-batch", "0"], "--max-batch must be >= 1"),
     (
@@ -203,6 +204,7 @@ PLAN_FLAGS = [
     (["gpt", "--gpus-per-node", "0"], "--gpus-per-node must be >= 1"),
     (["gpt", "--fix", "tp=x"], "--fix takes key=value pairs"),
     (["gpt", "--json=1"], "ignored explicit argument"),
+    (["gpt", "--as-specified=yes"], "ignored explicit argument"),
     (["gpt", "--plot", "afile"], "is a file"),
     (["gpt", "--attention", "fast"], "invalid choice"),
     (["gpt", "--kernels", "slow"], "invalid choice"),
@@ -219,7 +221,7 @@ def test_plan_flag(argv, pattern, workdir, no_ray, capsys):
 
 @pytest.mark.parametrize(("command", "table"), [("train", TRAIN_FLAGS), ("plan", PLAN_FLAGS)])
 def test_every_flag_has_a_bad_value_in_the_tables(command, table):
-    from unipar.cli import build_parser
+    from unipar.cli.main import build_parser
 
     commands = next(a for a in build_parser()._actions if a.dest == "command")
     flags = {a.option_strings[0] for a in commands.choices[command]._actions if a.option_strings}
@@ -278,6 +280,10 @@ JOB_FIELDS = [
         {"adaptive": AdaptiveBatch(64), "optimizer": torch.optim.Adam},
         "Job.optimizer is a factory with no rule",
     ),
+    (
+        {"adaptive": AdaptiveBatch(64), "optimizer": OptimizerSpec("adagrad")},
+        "Job.optimizer is adagrad with no rule",
+    ),
 ]
 
 
@@ -300,6 +306,7 @@ OPTIMIZER_FIELDS = [
     ({"betas": (0.9,)}, r"OptimizerSpec.betas must be a pair"),
     ({"betas": (0.9, 1.0)}, r"OptimizerSpec.betas\[1\] must be < 1"),
     ({"momentum": -1}, "OptimizerSpec.momentum must be >= 0"),
+    ({"eps": 0.0}, "OptimizerSpec.eps must be > 0"),
 ]
 SCHEDULE_FIELDS = [
     ({"kind": "zigzag"}, "LRSchedule.kind must be one of 'constant'"),
@@ -395,6 +402,7 @@ FIT_ARGUMENTS = [
     ({"address": "head-node"}, ConfigError, "address must be HOST:PORT"),
     ({"progress": "yes"}, ConfigError, "progress must be True or False"),
     ({"placement_timeout_s": -5}, ConfigError, "placement_timeout_s must be > 0"),
+    ({"collective_timeout_s": 0}, ConfigError, "collective_timeout_s must be > 0"),
     ({"callbacks": [print]}, ConfigError, "callbacks must be unipar.Callback instances"),
     ({"size_target": 4}, ConfigError, "size_target must be a callable returning a number"),
 ]
@@ -428,10 +436,14 @@ def test_fit_refuses_an_adaptive_job_with_a_summed_loss(workdir, no_ray):
 
 
 def test_every_fit_argument_has_a_bad_value_above():
+    """fit's own arguments and every run setting it takes by name (RunConfig's flags)."""
     import inspect
 
+    from unipar.runtime.config import cli_fields
+
     tried = {name for arguments, _, _ in FIT_ARGUMENTS for name in arguments}
-    assert set(inspect.signature(fit).parameters) == tried
+    own = set(inspect.signature(fit).parameters) - {"config", "settings"}
+    assert own | {f.name for f in cli_fields()} == tried
 
 
 @settings(

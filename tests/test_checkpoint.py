@@ -72,7 +72,7 @@ def test_missing_state_file_is_corrupt(tmp_path):
 
 
 def test_clean_name_drops_only_the_recompute_wrapper():
-    from unipar.runtime.weights import clean_name
+    from unipar.runtime.parallel.weights import clean_name
 
     wrapped = "layers.0._checkpoint_wrapped_module.attention.rope_cos"
     assert clean_name(wrapped) == "layers.0.attention.rope_cos"

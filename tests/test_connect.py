@@ -13,8 +13,8 @@ import time
 import pytest
 
 from unipar import ResourceError
-from unipar.cli import main
-from unipar.ray_connect import check_cluster, check_versions, cluster_versions
+from unipar.cli.main import main
+from unipar.ray_cluster.address import check_cluster, check_versions, cluster_versions
 
 JOB_FILE = "from unipar.testing import tiny_gpt_job\n\njob = tiny_gpt_job(steps=4)\n"
 CXX_LOG_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+ [IWEF] \d+ \d+\]", re.MULTILINE)

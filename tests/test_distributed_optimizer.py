@@ -10,7 +10,7 @@ import torch
 from unipar.errors import UnsupportedPlanError
 from unipar.models.gpt import GPT, GPTConfig
 from unipar.plan import Mesh, Plan
-from unipar.runtime.distributed_optimizer import (
+from unipar.runtime.parallel.distributed_optimizer import (
     build_optimizer,
     check_distributed_optimizer,
     owners,

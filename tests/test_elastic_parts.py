@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from unipar.runtime.rendezvous import RendezvousHost, StopSignal
-from unipar.runtime.snapshot import SnapshotCadence, load_from_memory, save_to_memory
+from unipar.runtime.elastic.rendezvous import RendezvousHost, StopSignal
+from unipar.runtime.elastic.snapshot import SnapshotCadence, load_from_memory, save_to_memory
 
 
 def _trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

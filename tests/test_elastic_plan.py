@@ -8,8 +8,8 @@ from unipar import ConfigError, ResourceError, fit
 from unipar.errors import UnsupportedPlanError
 from unipar.plan import Plan
 from unipar.plan.representation import Mesh
+from unipar.plan.resize import resize_plan, sizes_that_work
 from unipar.runtime.config import parse_workers
-from unipar.runtime.elastic_plan import resize_plan, sizes_that_work
 from unipar.testing import tiny_mlp_job
 
 

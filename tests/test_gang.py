@@ -9,7 +9,7 @@ import time
 import ray
 import ray.cloudpickle
 
-from unipar.runtime.gang import Supervisor, describe_process
+from unipar.ray_cluster.supervisor import Supervisor, describe_process
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -1,7 +1,6 @@
-"""Parity of heterogeneous plans: uneven data-parallel shares (on their own Ray actors
-and through ``fit``) and uneven pipeline stages (through ``fit``), made by the
-heterogeneous planner for a mixed cluster, train the small GPT to the single-process
-losses.
+"""Parity of heterogeneous plans: uneven data-parallel shares (a plan's
+``replica_samples``) and uneven pipeline stages, made by the heterogeneous planner for a
+mixed cluster, train the small GPT through ``fit`` to the single-process losses.
 
 Tolerances, float32: relative 1e-5 per step's loss and absolute 1e-4 on the final
 weights, as tests/test_parity_plans.py (sums over replicas are taken in another order,
@@ -24,7 +23,6 @@ from unipar.cluster.hetero import parse_hetero_cluster
 from unipar.errors import ConfigError
 from unipar.plan import Mesh, Plan
 from unipar.plan.hetero import HeteroKind, LayerProfile, plan_hetero, transformer_layers
-from unipar.runtime.uneven_dp import train_uneven
 from unipar.testing import tiny_gpt_config, tiny_gpt_job
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -65,18 +63,6 @@ def _fit_matches_single_process(job, plan: Plan, run_dir) -> None:  # type: igno
         torch.testing.assert_close(final[name], tensor, rtol=0, atol=ATOL, msg=name)
 
 
-def test_uneven_data_parallel_shares_match_single_process(ray_cluster):
-    job = tiny_gpt_job(steps=6)
-    plan = _hetero_plan(job, HeteroKind.DATA_PARALLEL, 1)
-    samples = plan.replica_samples
-    assert len(samples) == 2 and samples[0] > samples[1] > 0  # the A100 takes more
-    expected_losses, expected_weights = single_process_losses(job)
-    result = train_uneven(job, samples, plan.microbatch_size)
-    torch.testing.assert_close(result.losses, expected_losses, rtol=RTOL, atol=0)
-    for name, tensor in expected_weights.items():
-        torch.testing.assert_close(result.state[name], tensor, rtol=0, atol=ATOL, msg=name)
-
-
 def test_uneven_pipeline_stages_match_single_process(ray_cluster, tmp_path):
     job = tiny_gpt_job(steps=6)
     hetero = _hetero_plan(job, HeteroKind.PIPELINE, 2)
@@ -91,6 +77,7 @@ def test_uneven_data_parallel_shares_through_fit_match_single_process(ray_cluste
     job = tiny_gpt_job(steps=6)
     hetero = _hetero_plan(job, HeteroKind.DATA_PARALLEL, 1)
     plan = hetero.to_plan()
+    # the A100 takes more
     assert plan.mesh.dp == 2 and plan.replica_samples[0] > plan.replica_samples[1] > 0
     assert Plan.from_json(plan.to_json()) == plan
     _fit_matches_single_process(job, plan, tmp_path)

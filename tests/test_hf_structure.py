@@ -18,8 +18,8 @@ from unipar.analysis import LayerKind, layer_sequence
 from unipar.models.hf import output_tensor
 from unipar.plan import PipelineSchedule, TensorParallelStyle
 from unipar.plan.for_job import job_model_spec
-from unipar.runtime import stages
-from unipar.runtime.parallelize import check_plan_for_model
+from unipar.runtime.parallel import stages
+from unipar.runtime.parallel.parallelize import check_plan_for_model
 
 
 def test_blocks_found_at_depth_with_embeddings_first_and_head_last():
@@ -162,7 +162,7 @@ def test_every_plan_the_planner_ranks_is_one_the_runtime_takes(family):
     """Across meshes of 8 devices (tp, pp, fsdp, dp and their mixes), each ranked
     plan passes the runtime's own check on the model (built on the meta device).
     Running them is the parity tests' part."""
-    from unipar.analysis.profile import SkipInPlaceOnMeta
+    from unipar.analysis.meta import SkipInPlaceOnMeta
     from unipar.cluster import cluster_preset
     from unipar.plan import Constraints, plan
 
@@ -188,7 +188,7 @@ def test_every_plan_the_planner_ranks_is_one_the_runtime_takes(family):
 
 
 def test_mistral_blocks_split_by_role_under_tp():
-    from unipar.runtime.tensor_parallel import tensor_parallel_roles
+    from unipar.runtime.parallel.tensor import tensor_parallel_roles
 
     job = hf_job("llama")
     job = type(job)(**{**job.__dict__, "model": CHECKED_ONLY["mistral"]})
@@ -210,7 +210,7 @@ def test_mistral_blocks_split_by_role_under_tp():
 
 
 def test_gpt2_conv1d_and_fused_qkv_roles_under_tp():
-    from unipar.runtime.tensor_parallel import tensor_parallel_roles
+    from unipar.runtime.parallel.tensor import tensor_parallel_roles
 
     job = hf_job("gpt2")
     roles = {

@@ -90,7 +90,7 @@ def test_plan_report_json_is_a_plan():
     import contextlib
     import io
 
-    from unipar.cli import main
+    from unipar.cli.main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -125,7 +125,7 @@ def test_fit_refuses_plans_the_runtime_cannot_apply(changes, pattern):
     something else."""
     from dataclasses import replace
 
-    from unipar.validate import check_plan_for_run
+    from unipar.plan.runtime_support import check_plan_for_run
 
     runnable = Plan.data_parallel(2, 8)
     check_plan_for_run(runnable, 2, 8)

@@ -244,7 +244,7 @@ def _plan_command(config: str) -> list[str]:
 )
 def test_plan_hf_configs(config, params_b, capsys):
     """``unipar plan hf:...`` on real configs (the CLI's own entry point, in process)."""
-    from unipar.cli import main
+    from unipar.cli.main import main
 
     assert main(_plan_command(config)) == 0
     result = json.loads(capsys.readouterr().out)
@@ -305,3 +305,24 @@ def test_cluster_attention_override():
     assert cluster_preset("h100-80g", attention="math").device.attention is AttentionKernel.MATH
     with pytest.raises(ConfigError, match="attention must be one of"):
         cluster_preset("h100-80g", attention="fast")
+
+
+@pytest.mark.parametrize(
+    ("config", "seq", "why"),
+    [
+        ("gpt2", 1024, "the config's positions"),
+        ("llama3.1_405b", 8192, "the config's positions, capped at 8192"),
+    ],
+)
+def test_plan_hf_config_defaults_to_its_own_sequence_length(config, seq, why, capsys):
+    """Without --seq, an HF config is planned at its own positions (GPT-2: 1024; a
+    128k-position config at the cap), and the output says so."""
+    from unipar.cli.main import main
+
+    nodes = "1" if config == "gpt2" else "32"
+    command = ["plan", f"hf:{CONFIGS / config}.json", "--cluster", "h100-80g", "--nodes",
+               nodes, "--global-batch", "1024"]
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"sequence length {seq}: {why} (--seq sets another)\n")
+    assert "chosen:" in out

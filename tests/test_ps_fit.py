@@ -15,8 +15,8 @@ from torch.utils.data import TensorDataset, default_collate
 from unipar import Job, fit
 from unipar.data.sampler import GlobalBatchSampler
 from unipar.errors import ConfigError
-from unipar.job import OptimizerKind, OptimizerSpec
 from unipar.models.ctr import CTRModel
+from unipar.optimizer import OptimizerKind, OptimizerSpec
 from unipar.plan import GradSync, Mesh, Plan
 
 ROWS, FIELDS, BATCH, STEPS, LR = 20_000, 4, 16, 5, 0.5

@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from unipar.errors import ConfigError
+from unipar.optimizer import OptimizerKind, OptimizerSpec
+from unipar.plan.representation import GradSync
+from unipar.plan.sync_cost import Links, SparseWorkload, choose_grad_sync
 from unipar.ps.consistency import Consistency, ConsistencySpec, may_read
-from unipar.ps.cost import Links, SparseWorkload, SyncKind, choose_grad_sync
-from unipar.ps.optim import OptimizerKind, OptimizerSpec, ShardOptimizer
+from unipar.ps.optim import ShardOptimizer
 from unipar.ps.partition import RowSharding, TensorInfo, partition
 from unipar.ps.worth import check_worth_serving
 
@@ -63,20 +65,14 @@ def test_consistency_reads():
             assert may_read(clock, applied, asp)
 
 
-def _reference(kind):
-    p = torch.nn.Parameter(torch.randn(6, 3, generator=torch.Generator().manual_seed(0)))
-    if kind is OptimizerKind.SGD:
-        return p, torch.optim.SGD([p], lr=0.1)
-    if kind is OptimizerKind.ADAGRAD:
-        return p, torch.optim.Adagrad([p], lr=0.1)
-    return p, torch.optim.Adam([p], lr=0.1)
-
-
 @pytest.mark.parametrize("kind", list(OptimizerKind))
 def test_shard_optimizer_matches_torch(kind):
-    p, opt = _reference(kind)
+    """The servers' update of a dense tensor is the torch optimizer the same spec builds."""
+    spec = OptimizerSpec(kind, lr=0.1)
+    p = torch.nn.Parameter(torch.randn(6, 3, generator=torch.Generator().manual_seed(0)))
+    opt = spec.build([p])
     mine = p.detach().clone()
-    shard = ShardOptimizer(OptimizerSpec(kind, lr=0.1), {"p": mine})
+    shard = ShardOptimizer(spec, {"p": mine})
     g = torch.Generator().manual_seed(1)
     for _ in range(5):
         grad = torch.randn(6, 3, generator=g)
@@ -87,10 +83,11 @@ def test_shard_optimizer_matches_torch(kind):
 
 
 def test_sparse_adam_rows_match_torch_sparse_adam():
+    spec = OptimizerSpec(OptimizerKind.ADAM, lr=0.1)
     emb = torch.nn.Embedding(8, 3, sparse=True)
-    opt = torch.optim.SparseAdam(emb.parameters(), lr=0.1)
+    opt = torch.optim.SparseAdam(emb.parameters(), lr=0.1, betas=spec.betas)
     mine = emb.weight.detach().clone()
-    shard = ShardOptimizer(OptimizerSpec(OptimizerKind.ADAM, lr=0.1), {"e": mine})
+    shard = ShardOptimizer(spec, {"e": mine})
     for ids in ([1, 2], [2, 5, 7], [0, 1]):
         idx = torch.tensor(ids)
         opt.zero_grad()
@@ -108,8 +105,8 @@ def test_planner_picks_ps_for_few_touched_rows_and_all_reduce_for_many():
         return SparseWorkload(10_000_000, 8, 10_000, f, workers=4, servers=2)
 
     sparse, dense = choose_grad_sync(w(0.001), LINKS), choose_grad_sync(w(1.0), LINKS)
-    assert sparse.kind is SyncKind.PARAMETER_SERVER and "parameter_server" in sparse.reason
-    assert dense.kind is SyncKind.ALL_REDUCE and "all_reduce" in dense.reason
+    assert sparse.kind is GradSync.PARAMETER_SERVER and "parameter_server" in sparse.reason
+    assert dense.kind is GradSync.ALL_REDUCE and "all_reduce" in dense.reason
     assert sparse.ps.bytes_per_worker < sparse.all_reduce.bytes_per_worker
 
 
@@ -135,10 +132,11 @@ def test_nothing_worth_serving():
 def test_a_restored_server_does_not_wait_for_a_worker_that_had_left(tmp_path):
     """BSP, 2 workers: worker 1 finished and left; the server is restored from its
     snapshot; worker 0's next clock is applied without waiting for worker 1."""
-    from unipar.ps.server import ParameterServer, Push
+    from unipar.runtime.servers.server import ParameterServer, Push
 
     def server() -> ParameterServer:
-        return ParameterServer(0, {"w": torch.zeros(3)}, set(), OptimizerSpec(lr=0.1),
+        sgd = OptimizerSpec(OptimizerKind.SGD, lr=0.1)
+        return ParameterServer(0, {"w": torch.zeros(3)}, set(), sgd,
                                ConsistencySpec(), 2, str(tmp_path / "server.pt"), 1)
 
     grad = Push(dense={"w": torch.ones(3)}, rows={})

@@ -16,10 +16,10 @@ import torch
 
 from unipar.errors import ConfigError
 from unipar.models.ctr import CTRModel, ZipfClicks, ctr_loss
+from unipar.optimizer import OptimizerKind, OptimizerSpec
 from unipar.ps.consistency import Consistency, ConsistencySpec
-from unipar.ps.optim import OptimizerKind, OptimizerSpec
 from unipar.ps.partition import RowSharding
-from unipar.ps.train import PSConfig, PSRun, train
+from unipar.runtime.servers.train import PSConfig, PSRun, train
 
 ray = pytest.importorskip("ray")
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # GatedCTR, in workers
@@ -52,9 +52,10 @@ def single_process(kind: OptimizerKind, lr: float, make=factory):
     model.embedding.sparse = True
     dense = [p for n, p in model.named_parameters() if not n.startswith("embedding")]
     if kind is OptimizerKind.ADAM:
+        betas = OptimizerSpec(kind).betas
         opts = [
-            torch.optim.SparseAdam([model.embedding.weight], lr=lr),
-            torch.optim.Adam(dense, lr=lr),
+            torch.optim.SparseAdam([model.embedding.weight], lr=lr, betas=betas),
+            torch.optim.Adam(dense, lr=lr, betas=betas),
         ]
     else:
         opts = [torch.optim.SGD(model.parameters(), lr=lr)]
@@ -151,7 +152,7 @@ def test_sigkilled_server_is_restored_from_its_snapshot(ray_cluster, tmp_path, m
     steps, every = 40, 5
     config = PSConfig(
         2,
-        optimizer=OptimizerSpec(lr=0.05),
+        optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.05),
         consistency=ConsistencySpec(mode),
         snapshot_dir=str(tmp_path),
         snapshot_every=every,

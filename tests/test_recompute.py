@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from unipar.models.gpt import GPT, GPTConfig
 from unipar.plan import Plan, Recompute
-from unipar.runtime.recompute import apply_recompute
+from unipar.runtime.parallel.recompute import apply_recompute
 
 CONFIG = GPTConfig(vocab_size=64, seq_len=16, hidden=32, layers=4, heads=2)
 

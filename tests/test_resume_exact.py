@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 
 import pytest
@@ -44,7 +45,7 @@ def _job():
     return tiny_gpt_job(steps=STEPS, global_batch_size=64, dataset_size=2048, dropout=0.1)
 
 
-def test_killed_worker_resumes_bit_exact(ray_cluster, tmp_path):
+def test_killed_worker_resumes_bit_exact(ray_cluster, tmp_path, capfd):
     rng = random.Random(SEED)
     kill_at, rank = rng.randint(EVERY, 2 * EVERY + 3), rng.randint(0, 1)
     reference = fit(
@@ -64,6 +65,10 @@ def test_killed_worker_resumes_bit_exact(ray_cluster, tmp_path):
 
     assert killer.killed_pid is not None, f"kill at step {kill_at} never happened"
     assert crashed.failures == 1 and killer.failures == [rank]
+    # the whole gang restarted at its size, and said so; no resize
+    note = r"worker rank \d was lost: .*; restarting from (checkpoint \S+|the start) \(failure 1 "
+    assert re.search(note + r"of at most 3\)", capfd.readouterr().err, re.DOTALL)
+    assert crashed.resizes == ()
     assert [m.step for m in crashed.history] == list(range(STEPS))
     # The restarted attempt resumed at a checkpoint boundary and trained to the end (steps
     # between that checkpoint and the kill, if any reported, appear once per attempt).

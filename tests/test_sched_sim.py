@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from unipar.cli import main
+from unipar.cli.main import main
 from unipar.errors import ConfigError
 from unipar.goodput.table import split_batch
 from unipar.sched.cluster import Cluster

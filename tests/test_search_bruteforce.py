@@ -14,8 +14,8 @@ from unipar.cluster import cluster_preset
 from unipar.models import GPTConfig
 from unipar.plan import PipelineSchedule, Plan, Recompute, search
 from unipar.plan.cost import CostModel
+from unipar.plan.partition import balanced_partition
 from unipar.plan.representation import Mesh
-from unipar.plan.strategy_search import balanced_partition
 
 
 def _divisors(n):

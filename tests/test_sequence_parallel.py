@@ -9,7 +9,7 @@ from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
 from unipar.models.gpt import GPT, GPTConfig
-from unipar.runtime.sequence_parallel import sequence_parallel_styles
+from unipar.runtime.parallel.sequence import sequence_parallel_styles
 
 CONFIG = GPTConfig(vocab_size=64, seq_len=16, hidden=32, layers=2, heads=2)
 

@@ -378,10 +378,10 @@ def test_store_keeps_jobs_and_history(tmp_path):
 def test_bad_submissions_are_refused_before_touching_a_cluster(tmp_path, capsys):
     """No cluster recorded (a fresh process), a job file with no ``job``, a deadline in
     the past: each a clear error, nothing started."""
-    from unipar.cli import main
+    from unipar.cli.main import main
     from unipar.job_file import load_job
 
-    code = "import sys; from unipar.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from unipar.cli.main import main; sys.exit(main(sys.argv[1:]))"
     done = subprocess.run(
         [sys.executable, "-c", code, "submit", "gpt-stdlib", "--state-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=120,

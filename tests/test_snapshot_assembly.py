@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from unipar.runtime.snapshot import SnapshotAssembly, SnapshotPart
+from unipar.runtime.elastic.snapshot import SnapshotAssembly, SnapshotPart
 
 
 def part(step: int, rank: int) -> SnapshotPart:

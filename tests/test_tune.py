@@ -207,7 +207,7 @@ def test_an_interrupted_experiment_resumes_without_rerunning_finished_trials(ray
 
 
 def test_cli_refuses_an_empty_space_before_any_trial(tmp_path, capsys):
-    from unipar.cli import main
+    from unipar.cli.main import main
 
     job_file = tmp_path / "my_job.py"
     here = str(Path(__file__).parent)
@@ -459,9 +459,10 @@ def test_rows_come_best_first_from_any_order(mode, order):
 
 def test_each_trial_gets_the_plan_and_gpus_asked_for(tmp_path):
     from unipar.plan import Plan
-    from unipar.tuning.trainable import TrialSettings, gang_resources
+    from unipar.runtime.config import RunConfig
+    from unipar.tuning.trainable import gang_resources
 
     with pytest.raises(ConfigError, match="the plan's mesh needs 2 workers"):
         _tune(tmp_path, plan=Plan.data_parallel(2, 8), workers_per_trial=1)
-    gang = gang_resources(TrialSettings(workers=2, cpus_per_worker=2, gpus_per_worker=1))
+    gang = gang_resources(RunConfig(workers=2, cpus_per_worker=2, gpus_per_worker=1))
     assert gang.bundles == [{"CPU": 2, "GPU": 1}] * 2  # the empty head bundle is implied

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from png_checks import check_png
 
-from unipar.cli import main
+from unipar.cli.main import main
 from unipar.cluster import cluster_preset
 from unipar.errors import ConfigError
 from unipar.models import GPTConfig
@@ -19,6 +19,7 @@ from unipar.plan.report import plan
 from unipar.plan.representation import PipelineSchedule, Recompute
 from unipar.plan.strategy_search import Constraints, search
 from unipar.viz.bars import MEMORY_PARTS, memory_bars
+from unipar.viz.plan_pictures import plot_plan
 from unipar.viz.schedule_order import ActionKind, pipeline_order
 from unipar.viz.timeline import (
     COMPUTE_KINDS,
@@ -148,7 +149,7 @@ def test_plot_writes_three_pictures(report, tmp_path):
         32,
         Constraints(pp=4, tp=1, dp=2, fsdp=1, schedule=PipelineSchedule.INTERLEAVED_1F1B),
     )
-    pictures = dataclasses.replace(report, result=interleaved).plot(tmp_path / "pictures")
+    pictures = plot_plan(dataclasses.replace(report, result=interleaved), tmp_path / "pictures")
     for path in (pictures.timeline, pictures.memory, pictures.breakdown):
         check_png(path)
 
@@ -157,7 +158,7 @@ def test_plot_into_a_file_is_refused(report, tmp_path):
     target = tmp_path / "not_a_directory"
     target.write_text("x")
     with pytest.raises(ConfigError, match="is a file"):
-        report.plot(target)
+        plot_plan(report, target)
 
 
 def test_cli_plot_into_a_file_is_refused(tmp_path, capsys):
@@ -186,7 +187,7 @@ def test_cli_plot_into_a_file_is_refused(tmp_path, capsys):
 def test_without_matplotlib_the_error_names_the_extra(report, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
     with pytest.raises(ConfigError, match=r"unipar\[plot\]"):
-        report.plot(tmp_path)
+        plot_plan(report, tmp_path)
     assert not any(tmp_path.iterdir())
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from png_checks import check_png
 
-from unipar.cli import main
+from unipar.cli.main import main
 from unipar.errors import ConfigError
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.viz.run_report import report_run, run_series
@@ -29,6 +29,7 @@ def _write_run(run_dir):
             tokens_per_s=1280.0 + attempt,
             attempt=attempt,
             finished_at=float(number),
+            predicted_step_s=0.08 if number < 10 else 0.05,  # the plan's, each size's
         )
         writer.write(metrics)
 
@@ -55,6 +56,8 @@ def test_series_count_samples_once_and_mark_restarts_and_resizes(tmp_path):
     assert series.loss[5] == pytest.approx(5.0 - 0.5 + 0.01)  # the repeated step's last record
     assert [(m.samples, m.label) for m in series.restarts] == [(32, "restart (attempt 1)")]
     assert [(m.samples, m.label) for m in series.events] == [(80, "resize 2 -> 4 (node added)")]
+    assert series.step_time_s == (0.1,) * 12  # measured against predicted, drawn together
+    assert series.predicted_step_s == (0.08,) * 10 + (0.05,) * 2
 
 
 def test_report_writes_a_picture(tmp_path, capsys):

@@ -14,7 +14,9 @@ from png_checks import check_png
 from unipar.cluster import cluster_preset
 from unipar.errors import ConfigError
 from unipar.plan import Plan
-from unipar.runtime.fit import fit
+from unipar.plan.for_job import job_facts
+from unipar.runtime.metrics import read_metrics
+from unipar.runtime.run import fit
 from unipar.runtime.tracing import (
     Attachment,
     StepTracer,
@@ -85,6 +87,21 @@ def test_the_run_writes_its_trace_and_summarises_it(pipeline_run):
     assert "predicted" in summary and str(trace.trace_json) in summary
 
 
+def test_the_run_states_its_prediction_error_and_its_metrics_carry_the_prediction(
+    pipeline_run,
+):
+    """Every run, traced or not, compares its steady steps (after the warm-up) with the
+    plan's prediction; a run this short is not learned from."""
+    _, _, result = pipeline_run
+    (check,) = result.predictions
+    assert check.predicted_s > 0 and check.measured_s > 0 and check.steps == (2, 5)
+    summary = result.summary()
+    assert "(median of steps 2-5) against predicted" in summary
+    assert "not learned from: 4 steady steps" in summary
+    steps = read_metrics(result.metrics_path)
+    assert {m["predicted_step_s"] for m in steps} == {check.predicted_s}
+
+
 def test_data_parallel_trace_times_each_microbatch_on_one_replica(ray_cluster, tmp_path):
     """Without a pipeline each micro-batch's forward and backward is a span; of the two
     replicas only the first records (they run the same actions)."""
@@ -107,7 +124,9 @@ def test_data_parallel_trace_times_each_microbatch_on_one_replica(ray_cluster, t
 def test_trace_outputs(pipeline_run, tmp_path):
     bench, plan, result = pipeline_run
     records = result.trace.records
-    predicted = predicted_run_timeline(bench.job(6), plan, cluster_preset("a100-80g"))
+    predicted = predicted_run_timeline(
+        job_facts(bench.job(6)).profile, plan, cluster_preset("a100-80g")
+    )
     outputs = write_trace(tmp_path, records, pp=2, stages=2, predicted=predicted)
     events = json.loads(outputs.trace_json.read_text())["traceEvents"]
     assert sum(e["ph"] == "X" for e in events) == len(records)

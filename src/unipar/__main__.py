@@ -1,5 +1,5 @@
 import sys
 
-from unipar.cli import main
+from unipar.cli.main import main
 
 sys.exit(main())

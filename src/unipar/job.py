@@ -6,93 +6,23 @@ its own model, dataset and optimizer from the same recipe and the same seed.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import torch
 from torch import nn
 
-from unipar import validate
+from unipar import checks
 from unipar.adapt.config import AdaptiveBatch
+from unipar.adapt.lr import RULED_KINDS, allowed_rules
+from unipar.errors import ConfigError
+from unipar.optimizer import LRSchedule, OptimizerSpec
 
 ModelFactory = Callable[[], nn.Module]
 DatasetFactory = Callable[[], "torch.utils.data.Dataset[Any]"]
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
-
-
-class OptimizerKind(Enum):
-    ADAMW = "adamw"
-    ADAM = "adam"
-    SGD = "sgd"
-
-
-@dataclass(frozen=True)
-class OptimizerSpec:
-    """An optimizer by name and hyperparameters (see ``torch.optim``)."""
-
-    kind: OptimizerKind = OptimizerKind.ADAMW
-    lr: float = 3e-4
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    momentum: float = 0.0
-
-    def __post_init__(self) -> None:
-        validate.check_optimizer(self)
-        object.__setattr__(self, "kind", OptimizerKind(self.kind))
-
-    def build(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-        params = list(params)
-        if self.kind is OptimizerKind.ADAMW:
-            return torch.optim.AdamW(
-                params, lr=self.lr, betas=self.betas, weight_decay=self.weight_decay
-            )
-        if self.kind is OptimizerKind.ADAM:
-            return torch.optim.Adam(
-                params, lr=self.lr, betas=self.betas, weight_decay=self.weight_decay
-            )
-        return torch.optim.SGD(
-            params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
-        )
-
-
-class ScheduleKind(Enum):
-    CONSTANT = "constant"
-    WARMUP_COSINE = "warmup_cosine"
-    WARMUP_LINEAR = "warmup_linear"
-
-
-@dataclass(frozen=True)
-class LRSchedule:
-    """Learning-rate multiplier per optimizer step.
-
-    Linear warmup then cosine or linear decay to ``min_ratio`` of the base rate
-    (the schedule of GPT-3, Brown et al. 2020, Appendix B).
-    """
-
-    kind: ScheduleKind = ScheduleKind.CONSTANT
-    warmup_steps: int = 0
-    min_ratio: float = 0.1
-
-    def __post_init__(self) -> None:
-        validate.check_schedule(self)
-        object.__setattr__(self, "kind", ScheduleKind(self.kind))
-
-    def multiplier(self, step: int, total_steps: int) -> float:
-        if self.warmup_steps and step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        if self.kind is ScheduleKind.CONSTANT:
-            return 1.0
-        span = max(1, total_steps - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / span)
-        if self.kind is ScheduleKind.WARMUP_COSINE:
-            decay = 0.5 * (1.0 + math.cos(math.pi * progress))
-        else:
-            decay = 1.0 - progress
-        return self.min_ratio + (1.0 - self.min_ratio) * decay
 
 
 def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -126,7 +56,68 @@ class Job:
     adaptive: AdaptiveBatch | None = None
 
     def __post_init__(self) -> None:
-        validate.check_job(self)
+        checks.callable_("Job.model", self.model, "a factory returning an nn.Module")
+        checks.callable_("Job.dataset", self.dataset, "a factory returning a Dataset")
+        checks.callable_("Job.loss", self.loss, "loss(outputs, targets) -> scalar tensor")
+        checks.integer("Job.global_batch_size", self.global_batch_size, minimum=1)
+        checks.integer("Job.steps", self.steps, minimum=1)
+        if not isinstance(self.optimizer, OptimizerSpec):
+            checks.callable_(
+                "Job.optimizer", self.optimizer, "an OptimizerSpec or a factory(params)"
+            )
+        if not isinstance(self.lr_schedule, LRSchedule):
+            raise ConfigError(
+                f"Job.lr_schedule must be an LRSchedule, but got {self.lr_schedule!r}; pass "
+                "LRSchedule(ScheduleKind.WARMUP_COSINE, warmup_steps=...) or leave it out"
+            )
+        checks.integer("Job.seed", self.seed, minimum=0, maximum=2**32 - 1)
+        checks.run_name("Job.name", self.name)
+        if self.grad_clip_norm is not None:
+            checks.number("Job.grad_clip_norm", self.grad_clip_norm, above=0)
+        if self.adaptive is not None:
+            self._check_adaptive()
+
+    def _check_adaptive(self) -> None:
+        """An adaptive batch that fits the job: a bound above M0, a rule for its optimizer."""
+        adaptive = self.adaptive
+        if not isinstance(adaptive, AdaptiveBatch):
+            raise ConfigError(
+                f"Job.adaptive must be an AdaptiveBatch or None, but got {adaptive!r}; pass "
+                "AdaptiveBatch(max_global_batch=...)"
+            )
+        if adaptive.max_global_batch < self.global_batch_size:
+            raise ConfigError(
+                f"AdaptiveBatch.max_global_batch must be at least the job's global_batch_size "
+                f"(the initial batch M0), but got max_global_batch={adaptive.max_global_batch} "
+                f"< global_batch_size={self.global_batch_size}; pass max_global_batch >= "
+                f"{self.global_batch_size} (--max-batch)"
+            )
+        least = adaptive.min_global_batch
+        if least is not None and least > self.global_batch_size:
+            raise ConfigError(
+                f"AdaptiveBatch.min_global_batch must be at most the job's global_batch_size "
+                f"(the initial batch M0, where the run starts), but got min_global_batch="
+                f"{least} > global_batch_size={self.global_batch_size}; pass min_global_batch "
+                f"<= {self.global_batch_size} or leave it out (M0)"
+            )
+        optimizer = self.optimizer
+        if not isinstance(optimizer, OptimizerSpec) or optimizer.kind not in RULED_KINDS:
+            what = (
+                "a factory" if not isinstance(optimizer, OptimizerSpec)
+                else f"{optimizer.kind.value}"
+            )
+            raise ConfigError(
+                "adaptive batch scales the learning rate by a rule known for SGD, Adam and "
+                f"AdamW, but Job.optimizer is {what} with no rule; pass an OptimizerSpec "
+                "(kind='sgd', 'adam' or 'adamw') or leave adaptive out"
+            )
+        allowed = allowed_rules(optimizer.kind)
+        if adaptive.lr_rule is not None and adaptive.lr_rule not in allowed:
+            names = ", ".join(r.value for r in allowed)
+            raise ConfigError(
+                f"lr_rule={adaptive.lr_rule.value!r} has no meaning for optimizer "
+                f"{optimizer.kind.value!r}; pass one of {names} or leave lr_rule out"
+            )
 
     def build_optimizer(self, params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
         if isinstance(self.optimizer, OptimizerSpec):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unipar.errors import ConfigError, UserCodeError
+from unipar.recipes import RECIPES, recipe
 
 if TYPE_CHECKING:
     from unipar.job import Job
@@ -19,8 +20,6 @@ if TYPE_CHECKING:
 
 def check_target(target: str) -> None:
     """Fail fast, before Ray starts, on a target that names nothing or does not compile."""
-    from unipar.recipes import RECIPES
-
     if target in RECIPES:
         return
     path = Path(target)
@@ -44,8 +43,8 @@ def check_target(target: str) -> None:
 def load_job(target: str) -> Job:
     """A built-in recipe by name, or a Python file defining ``job`` (a Job or a
     function returning one)."""
-    from unipar.job import Job
-    from unipar.recipes import RECIPES, recipe
+    # the command line checks a target before torch (which a Job imports) loads
+    from unipar.job import Job  # noqa: PLC0415 (heavy: torch)
 
     check_target(target)
     if target in RECIPES:
@@ -68,9 +67,7 @@ def load_job(target: str) -> Job:
 def user_code_error(error: BaseException, where: str) -> UserCodeError:
     """``error`` raised by user code, as one line plus the frames outside unipar and
     the Python runtime (the user's own)."""
-    import unipar
-
-    ours = str(Path(unipar.__file__).parent)
+    ours = str(Path(__file__).parent)  # the unipar package
     frames = [
         frame
         for frame in traceback.extract_tb(error.__traceback__)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from unipar.errors import ConfigError
+from unipar.optimizer import LRSchedule, OptimizerSpec, ScheduleKind
 
 if TYPE_CHECKING:  # the recipes import torch only when one is built
     from unipar.data.text import ByteTextDataset
@@ -14,15 +15,15 @@ if TYPE_CHECKING:  # the recipes import torch only when one is built
 
 
 def _stdlib_text(seq_len: int) -> ByteTextDataset:
-    from unipar.data.text import ByteTextDataset, stdlib_corpus
+    from unipar.data.text import ByteTextDataset, stdlib_corpus  # noqa: PLC0415 (heavy: torch)
 
     return ByteTextDataset(stdlib_corpus(), seq_len)
 
 
 def gpt_stdlib(steps: int = 200, global_batch_size: int = 32, seed: int = 0) -> Job:
     """A 0.8M-parameter byte-level GPT learning Python from the standard library."""
-    from unipar.job import Job, LRSchedule, OptimizerSpec, ScheduleKind
-    from unipar.models.gpt import GPT, GPTConfig
+    from unipar.job import Job  # noqa: PLC0415 (heavy: torch)
+    from unipar.models.gpt import GPT, GPTConfig  # noqa: PLC0415 (heavy: torch)
 
     config = GPTConfig(vocab_size=256, seq_len=128, hidden=128, layers=4, heads=4)
     return Job(

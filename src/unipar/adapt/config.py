@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from unipar import validate
+from unipar import checks
 
 
 class LRRule(Enum):
@@ -37,6 +37,14 @@ class AdaptiveBatch:
     min_global_batch: int | None = None  # the smallest batch (None: M0, as Pollux's)
 
     def __post_init__(self) -> None:
-        validate.check_adaptive(self)
+        checks.integer("AdaptiveBatch.max_global_batch", self.max_global_batch, minimum=1)
+        if self.lr_rule is not None:
+            checks.member("AdaptiveBatch.lr_rule", self.lr_rule, LRRule)
+        checks.integer("AdaptiveBatch.adapt_every", self.adapt_every, minimum=1)
+        checks.number("AdaptiveBatch.smoothing", self.smoothing, minimum=0, below=1)
+        if self.max_local_batch is not None:
+            checks.integer("AdaptiveBatch.max_local_batch", self.max_local_batch, minimum=1)
+        if self.min_global_batch is not None:
+            checks.integer("AdaptiveBatch.min_global_batch", self.min_global_batch, minimum=1)
         if self.lr_rule is not None:
             object.__setattr__(self, "lr_rule", LRRule(self.lr_rule))

@@ -21,21 +21,24 @@ import math
 from unipar.adapt.config import LRRule
 from unipar.errors import ConfigError
 from unipar.goodput.table import gain
+from unipar.optimizer import OptimizerKind
+
+# The optimizers a learning-rate rule is known for (Adagrad has none).
+RULED_KINDS = (OptimizerKind.SGD, OptimizerKind.ADAM, OptimizerKind.ADAMW)
 
 
-def default_rule(optimizer_kind) -> LRRule:
+def default_rule(optimizer_kind: OptimizerKind) -> LRRule:
     """ADASCALE for SGD, POLLUX for Adam and AdamW."""
-    from unipar.job import OptimizerKind
-
     return LRRule.ADASCALE if optimizer_kind is OptimizerKind.SGD else LRRule.POLLUX
 
 
-def allowed_rules(optimizer_kind) -> tuple[LRRule, ...]:
-    from unipar.job import OptimizerKind
-
+def allowed_rules(optimizer_kind: OptimizerKind) -> tuple[LRRule, ...]:
+    """The rules known for ``optimizer_kind`` (none for Adagrad)."""
     if optimizer_kind is OptimizerKind.SGD:
         return (LRRule.ADASCALE,)
-    return (LRRule.SQRT, LRRule.POLLUX)
+    if optimizer_kind in RULED_KINDS:
+        return (LRRule.SQRT, LRRule.POLLUX)
+    return ()
 
 
 def var_at_init(var: float, init_batch: float) -> float:

@@ -26,9 +26,9 @@ from enum import Enum
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
+from unipar.analysis.meta import NotCompiled, build_on_meta
 from unipar.errors import ConfigError
 
 _VIEW_LIKE = {"_unsafe_view", "alias", "detach"}
@@ -156,19 +156,6 @@ def layer_kind(module: nn.Module, index: int, count: int) -> LayerKind:
     return LayerKind.OTHER
 
 
-class SkipInPlaceOnMeta(TorchDispatchMode):
-    """While a model is built on meta: in-place ops (weight initialisation) change no
-    shape and have no values to set, so skip them. Saves the cost of PyTorch's reference
-    kernels for meta tensors, including a 2 s import on the first ``normal_``."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        target = args[0] if args else None
-        name = func.overloadpacket.__name__
-        if isinstance(target, torch.Tensor) and target.is_meta and name.endswith("_"):
-            return target
-        return func(*args, **(kwargs or {}))
-
-
 def is_attention_scores(t: object, seq: int | None) -> bool:
     """A tensor of attention scores: ``[..., seq, seq]`` with heads (or batch x heads)
     in front, so a ``[1, seq, hidden]`` activation with ``hidden == seq`` is not one."""
@@ -177,7 +164,7 @@ def is_attention_scores(t: object, seq: int | None) -> bool:
     return tuple(t.shape[-2:]) == (seq, seq) and t.shape[:-2].numel() > 1
 
 
-class _Recorder(TorchDispatchMode):
+class _Recorder(NotCompiled):
     def __init__(self, hidden: int | None, seq: int | None = None) -> None:
         super().__init__()
         self.hidden = hidden
@@ -303,7 +290,7 @@ def _is_tensor(x: object) -> bool:
 
 
 def analyze(
-    model_factory: Callable[[], nn.Module],
+    model: nn.Module | Callable[[], nn.Module],
     sample_input: Callable[[], torch.Tensor] | torch.Size | tuple[int, ...],
     *,
     input_dtype: torch.dtype = torch.long,
@@ -314,7 +301,8 @@ def analyze(
     attention_seq: int | None = None,
     causal_attention: bool = True,
 ) -> ModelProfile:
-    """Profile ``model_factory()`` on one sample of shape ``sample_input`` (batch of 1).
+    """Profile ``model`` (a module built on the meta device, left as it was, or a factory
+    to build one) on one sample of shape ``sample_input`` (batch of 1).
 
     ``hidden``: the model's residual width, which tells replicated from sharded
     tensors under tensor parallelism (``None``: everything counts as sharded).
@@ -324,15 +312,9 @@ def analyze(
     apart (``None``: no attention core is told apart); ``causal_attention``: whether
     attention is causal (a fused kernel computes half the scores).
     """
+    if not isinstance(model, nn.Module):
+        model = build_on_meta(model)
     with torch.device("meta"):
-        try:
-            with SkipInPlaceOnMeta():
-                model = model_factory()
-        except Exception as error:
-            raise ConfigError(
-                f"the model factory failed on the meta device ({type(error).__name__}: "
-                f"{error}); build parameters from shapes only, with no data-dependent code"
-            ) from error
         if callable(sample_input):
             inputs = sample_input()
         else:
@@ -360,7 +342,7 @@ def analyze(
                 bucket["saved_replicated" if replicated else "saved_sharded"] += t.numel()
         return t
 
-    first_of = _memoize_repeats(sequence, recorder)
+    first_of, memo_handles = _memoize_repeats(sequence, recorder)
 
     def enter(module: nn.Module, _args: object) -> None:
         recorder.current = names[id(module)]
@@ -380,8 +362,10 @@ def analyze(
                 shape, dtype = target
                 loss(outputs, torch.zeros((1, *shape), dtype=dtype, device="meta"))
     finally:
-        for handle in handles:
+        for handle in handles + memo_handles:
             handle.remove()
+        for _, module in sequence:  # the model is left as it was built
+            module.__dict__.pop("forward", None)
     for name, first in first_of.items():
         # Skipped as a repeat: the first one's costs, which include what ran under its
         # name outside it (e.g. a residual add in the parent's forward after it returned)
@@ -398,15 +382,19 @@ def _signature(module: nn.Module) -> tuple:
     return type(module).__qualname__, repr(module), shapes
 
 
-def _memoize_repeats(sequence: list[tuple[str, nn.Module]], recorder: _Recorder) -> dict[str, str]:
+def _memoize_repeats(
+    sequence: list[tuple[str, nn.Module]], recorder: _Recorder
+) -> tuple[dict[str, str], list[torch.utils.hooks.RemovableHandle]]:
     """Layers identical to an earlier one (class, configuration, parameter shapes) are not
     traced again when their input has the first one's shape and the first one returned
     that same shape (a residual block): they pass their input through and take the first
     one's costs. Tracing meta tensors costs ~1 ms per op, so a 128-block model is
-    analysed as fast as a 1-block one. Returns {repeat name: first name}."""
+    analysed as fast as a 1-block one. Returns {repeat name: first name} and the hooks to
+    remove afterwards (the caller also drops the patched ``forward`` attributes)."""
     first_by_signature: dict[tuple, str] = {}
     shapes: dict[str, tuple[torch.Size, torch.Size]] = {}
     repeats: dict[str, str] = {}
+    handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def remember(name: str):  # type: ignore[no-untyped-def]
         def hook(_module: nn.Module, args: tuple, output: object) -> None:
@@ -419,7 +407,7 @@ def _memoize_repeats(sequence: list[tuple[str, nn.Module]], recorder: _Recorder)
         signature = _signature(module)
         if signature not in first_by_signature:
             first_by_signature[signature] = name
-            module.register_forward_hook(remember(name))
+            handles.append(module.register_forward_hook(remember(name)))
             continue
         first = first_by_signature[signature]
         repeats[name] = first
@@ -433,7 +421,7 @@ def _memoize_repeats(sequence: list[tuple[str, nn.Module]], recorder: _Recorder)
             return _original(x, *args, **kwargs)
 
         module.forward = forward
-    return repeats
+    return repeats, handles
 
 
 def _profile(sequence, recorder, hidden, tp_divisibility) -> ModelProfile:  # type: ignore[no-untyped-def]

@@ -1,5 +1,6 @@
 """Cluster descriptions for the planner: presets and a calibrated CPU."""
 
+from unipar.cluster.presets import cluster_preset
 from unipar.cluster.spec import (
     PRESETS,
     AttentionKernel,
@@ -8,7 +9,6 @@ from unipar.cluster.spec import (
     Kernels,
     LinkSpec,
     Precision,
-    cluster_preset,
 )
 
 __all__ = [

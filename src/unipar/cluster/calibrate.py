@@ -1,6 +1,7 @@
 """Measure this machine's CPU as a planning target: matmul rate, the rate of memory-bound
 kernels, and, on two gloo worker processes, collectives and the framework's own cost per
-operation (:mod:`unipar.cluster.calibrate_group`). Measured once, then cached.
+operation (:mod:`unipar.plan.calibrate_group`, run in its own processes: it measures
+against the planner's cost model). Measured once, then cached.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from unipar.cluster.run_records import cache_dir as default_cache_dir
 from unipar.cluster.spec import (
     AttentionKernel,
     ClusterSpec,
@@ -103,9 +105,11 @@ def calibrated_cpu_cluster(
     ``cache_dir`` (default ``~/.cache/unipar``) for :data:`MAX_AGE_S`, keyed by what the
     numbers depend on (:func:`machine`): another CPU, core count, memory size or torch
     version measures again."""
-    device, link = _cached_measurement(cache_dir or Path.home() / ".cache" / "unipar")
+    device, link = _cached_measurement(cache_dir or default_cache_dir())
     device = replace(device, memory_gib=device.memory_gib / devices_per_node)
-    return ClusterSpec("cpu", nodes, devices_per_node, device, link, link)
+    about = machine()
+    where = f"{about['host']}:{machine_key(about)}"
+    return ClusterSpec("cpu", nodes, devices_per_node, device, link, link, machine=where)
 
 
 _CACHE_VERSION = 11
@@ -133,9 +137,13 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def machine_key(about: dict[str, object]) -> str:
+    """A digest of :func:`machine`'s answer: the key of its calibration."""
+    return hashlib.sha256(json.dumps(about, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def cache_file(cache_dir: Path, about: dict[str, object]) -> Path:
-    digest = hashlib.sha256(json.dumps(about, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir / f"cpu-calibration-{digest}.json"
+    return cache_dir / f"cpu-calibration-{machine_key(about)}.json"
 
 
 def read_cache(
@@ -179,12 +187,21 @@ def write_cache(path: Path, about: dict[str, object], device: DeviceSpec, link: 
         path.write_text(json.dumps(record, indent=1))
 
 
+CALIBRATION_TAKES_S = 25  # measured on 2 idle cores: 22-31 s
+
+
 def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
     about = machine()
     path = cache_file(cache_dir, about)
     cached = read_cache(path, about)
     if cached is not None:
         return cached
+    print(
+        f"unipar: calibrating this machine's CPU for the planner (once per machine, "
+        f"~{CALIBRATION_TAKES_S} s; cached in {path.parent})",
+        file=sys.stderr,
+        flush=True,
+    )
     device, link = _measure()
     write_cache(path, about, device, link)
     return device, link
@@ -217,11 +234,11 @@ def _measure() -> tuple[DeviceSpec, LinkSpec]:
 
 
 def measure_group(world: int = 2, timeout_s: float = 300) -> dict[str, float]:
-    """Run :mod:`unipar.cluster.calibrate_group` on ``world`` local processes."""
+    """Run :mod:`unipar.plan.calibrate_group` on ``world`` local processes."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "unipar.cluster.calibrate_group"]
+    command = [sys.executable, "-m", "unipar.plan.calibrate_group"]
     others = [
         subprocess.Popen(
             [*command, str(rank), str(world), str(port)],

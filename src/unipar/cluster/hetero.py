@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+import yaml
+
 from unipar.cluster.spec import PRESETS, ClusterSpec, DeviceSpec, LinkSpec
 from unipar.errors import ConfigError
 
@@ -154,8 +156,6 @@ def hetero_cluster_from_dict(data: dict[str, Any]) -> HeteroCluster:
 
 
 def hetero_cluster_from_yaml(text: str) -> HeteroCluster:
-    import yaml
-
     return hetero_cluster_from_dict(yaml.safe_load(text))
 
 

@@ -122,12 +122,19 @@ class LinkSpec:
 
 @dataclass(frozen=True)
 class ClusterSpec:
+    """``machine``: for a cluster measured here (the calibrated CPU), the machine its
+    calibration is keyed by (host and digest); ``""`` for a preset. ``corrections``:
+    the factors learned from runs on this cluster, when applied
+    (:mod:`unipar.cluster.corrections`; ``None``: as specified)."""
+
     name: str
     nodes: int
     devices_per_node: int
     device: DeviceSpec
     intra_node: LinkSpec
     inter_node: LinkSpec
+    machine: str = ""
+    corrections: Corrections | None = None
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.devices_per_node < 1:
@@ -141,8 +148,11 @@ class ClusterSpec:
         return self.nodes * self.devices_per_node
 
     def resized(self, nodes: int, devices_per_node: int | None = None) -> ClusterSpec:
+        """Another size of this cluster, as specified: corrections learned on one size
+        are not carried to another (another size is another cluster)."""
+        base = self if self.corrections is None else self.corrections.base
         return replace(
-            self, nodes=nodes, devices_per_node=devices_per_node or self.devices_per_node
+            base, nodes=nodes, devices_per_node=devices_per_node or self.devices_per_node
         )
 
 
@@ -245,44 +255,39 @@ PRESETS: dict[str, ClusterSpec] = {
 }
 
 
-def cluster_preset(
-    name: str,
-    *,
-    nodes: int = 1,
-    devices_per_node: int | None = None,
-    attention: AttentionKernel | str | None = None,
-    kernels: Kernels | str | None = None,
-) -> ClusterSpec:
-    """A preset by name (``a100-80g``, ``a100-40g``, ``h100-80g``, ``h100-96g-hbm2e``,
-    ``h200-141g``, ``v100-16g``, ``cpu``). ``attention``: the attention kernel, if not the
-    preset's (GPUs: flash; V100 and CPU: math), e.g. ``math`` for runs made before fused
-    attention. ``kernels``: ``eager`` for a framework that runs eager PyTorch
-    (:class:`Kernels`)."""
-    if name == "cpu":
-        from unipar.cluster.calibrate import calibrated_cpu_cluster
+class Rate(Enum):
+    """A group of the cost model's rates that one factor corrects."""
 
-        cluster = calibrated_cpu_cluster(nodes=nodes, devices_per_node=devices_per_node or 2)
-    elif name not in PRESETS:
-        raise ConfigError(
-            f"unknown cluster preset {name!r}; known presets: "
-            f"{', '.join([*sorted(PRESETS), 'cpu'])}"
-        )
-    else:
-        cluster = PRESETS[name].resized(nodes, devices_per_node)
-    device = cluster.device
-    if attention is not None:
-        device = replace(device, attention=_option(AttentionKernel, "attention", attention))
-    if kernels is not None:
-        device = replace(device, kernels=_option(Kernels, "kernels", kernels))
-    return replace(cluster, device=device)
+    COMPUTE = "compute"
+    PER_OP = "per-op"
+    FRAMEWORK = "framework"
+    INTRA_NODE = "intra-node link"
+    INTER_NODE = "network"
+    OPTIMIZER = "optimizer"
 
 
-def _option(kind: type[Enum], what: str, value: object) -> Enum:
-    if isinstance(value, kind):
-        return value
-    try:
-        return kind(value)
-    except ValueError:
-        raise ConfigError(
-            f"{what} must be one of {[k.value for k in kind]}, but got {value!r}"
-        ) from None
+@dataclass(frozen=True)
+class Corrections:
+    """The factors applied to ``base`` (the cluster as specified or calibrated), fitted
+    from ``runs`` measured runs on it (``kept_apart``: runs on an overloaded machine,
+    left out of the fit)."""
+
+    factors: tuple[tuple[Rate, float], ...]
+    runs: int
+    base: ClusterSpec
+    kept_apart: int = 0
+
+    def factor(self, rate: Rate) -> float:
+        return dict(self.factors).get(rate, 1.0)
+
+    def describe(self, threshold: float = 0.02) -> str:
+        """``corrected from 3 runs on this cluster: compute x0.71, ...``: the factors
+        that differ from 1 by more than ``threshold``."""
+        moved = [
+            f"{rate.value} x{value:.2f}"
+            for rate, value in self.factors
+            if abs(value - 1) > threshold
+        ]
+        runs = f"{self.runs} run{'s' * (self.runs != 1)}"
+        shown = ", ".join(moved) or "no factor moved by more than 2%"
+        return f"corrected from {runs} on this cluster: {shown}"

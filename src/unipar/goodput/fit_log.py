@@ -66,9 +66,14 @@ def _objective(theta: np.ndarray, data: tuple) -> tuple[float, np.ndarray]:
     return float(e1 + e2 + reg), grad
 
 
-def fit_log(observations: list[Observation]) -> ThroughputModel:
-    """Fit the model to reported step times by least log error (at least one)."""
-    from scipy.optimize import minimize  # deferred: scipy is heavy
+def fit_log(observations: list[Observation],
+            start: ThroughputModel | None = None) -> ThroughputModel:
+    """Fit the model to reported step times by least log error (at least one).
+
+    ``start``: the last fit on a subset of these observations; the search starts there (a
+    few iterations instead of ~40 from θ0) and, L-BFGS-B being a local method, can end at a
+    slightly different optimum than from θ0."""
+    from scipy.optimize import minimize  # noqa: PLC0415 (heavy: scipy)
 
     o = np.array([[x.nodes, x.replicas, x.local_bsz, x.step_time, x.sync_time]
                   for x in observations], dtype=float)
@@ -77,6 +82,10 @@ def fit_log(observations: list[Observation]) -> ThroughputModel:
     k2 = np.maximum(reps - 2, _FLOOR)
     cross, local = nodes > 1, (nodes == 1) & (reps > 1)
     theta = _START.copy()
+    if start is not None:
+        a_c, b_c, a_l, b_l, a_n, b_n, g = start.as_array()
+        theta = np.clip([a_c, b_c, a_n, b_n, a_l, b_l, g], _FLOOR, None)
+        theta[6] = min(max(theta[6], 1.0), 10.0)
     lower = np.array([_FLOOR] * 6 + [1.0])
     upper = np.array([np.inf] * 6 + [10.0])
     free = np.ones(7, dtype=bool)

@@ -4,6 +4,7 @@ hot, most are rare, as in real CTR logs)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -29,8 +30,6 @@ class CTRModel(nn.Module):
 
 def ctr_spec(rows: int, dim: int = 8, fields: int = 4, hidden: int = 32) -> ModelSpec:
     """The planner's view of :class:`CTRModel`: one sample is ``fields`` ids."""
-    import functools
-
     return ModelSpec(
         name=f"ctr-{rows}x{dim}",
         factory=functools.partial(CTRModel, rows, dim, fields, hidden),

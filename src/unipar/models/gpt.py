@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from unipar import validate
+from unipar import checks
 from unipar.errors import ConfigError
 from unipar.models.spec import ModelSpec
 
@@ -34,14 +34,14 @@ class GPTConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        validate.positive_ints(
+        checks.positive_ints(
             type(self).__name__,
             (
                 (n, getattr(self, n))
                 for n in ("vocab_size", "seq_len", "hidden", "layers", "heads", "mlp_ratio")
             ),
         )
-        validate.number("GPTConfig.dropout", self.dropout, minimum=0, below=1)
+        checks.number("GPTConfig.dropout", self.dropout, minimum=0, below=1)
         if self.hidden % self.heads:
             raise ConfigError(
                 f"hidden must be divisible by heads, but got hidden={self.hidden}, "

@@ -28,7 +28,7 @@ FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
 def load_config(source: str | Path | dict[str, Any]) -> Any:
     """A ``transformers`` config from a ``config.json`` path or its dict."""
     try:
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # noqa: PLC0415 (optional: transformers, the hf extra)
     except ImportError:
         raise ConfigError(
             "models from Hugging Face configs need transformers; install unipar[hf]"
@@ -54,13 +54,13 @@ def load_config(source: str | Path | dict[str, Any]) -> Any:
 def hf_model(source: str | Path | dict[str, Any] | Any) -> nn.Module:
     """The causal language model of a config, with fresh weights on the current device
     (under ``torch.device('meta')``: no memory), attention through PyTorch's SDPA, in
-    the config's dtype (``dtype``/``torch_dtype``; float32 if it names none), so the
+    the config's dtype (``dtype``; float32 if it names none), so the
     analysis sees which ops the model upcasts to float32."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 (optional: transformers)
 
     config = source if hasattr(source, "model_type") else load_config(source)
     config._attn_implementation = "sdpa"
-    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    dtype = getattr(config, "dtype", None)  # transformers 5 reads a saved torch_dtype
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
     dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
@@ -136,8 +136,19 @@ def _meta_copy(module: nn.Module) -> nn.Module:
     return clone
 
 
-def hf_spec(source: str | Path | dict[str, Any], seq_len: int) -> ModelSpec:
-    """The planner's view of a config's model on sequences of ``seq_len`` tokens."""
+MAX_DEFAULT_SEQ = 8192  # a config's positions beyond this are long-context extensions
+
+
+def hf_seq_reason(seq_len: int) -> str:
+    """Why an HF config's model is planned at ``seq_len`` tokens when none was given."""
+    if seq_len == MAX_DEFAULT_SEQ:
+        return f"the config's positions, capped at {MAX_DEFAULT_SEQ}"
+    return "the config's positions"
+
+
+def hf_spec(source: str | Path | dict[str, Any], seq_len: int | None = None) -> ModelSpec:
+    """The planner's view of a config's model on sequences of ``seq_len`` tokens (None:
+    the config's positions, at most :data:`MAX_DEFAULT_SEQ`)."""
     config = load_config(source)
     family = config.model_type
     if family == "gpt2":
@@ -148,6 +159,8 @@ def hf_spec(source: str | Path | dict[str, Any], seq_len: int) -> ModelSpec:
         hidden, heads = config.hidden_size, config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         ffn, positions = config.intermediate_size, config.max_position_embeddings
+    if seq_len is None:
+        seq_len = min(positions, MAX_DEFAULT_SEQ)
     if seq_len > positions:
         raise ConfigError(
             f"seq_len must be at most the config's {positions} positions, but got {seq_len}"

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from unipar import validate
+from unipar import checks
 from unipar.errors import ConfigError
 from unipar.models.spec import ModelSpec
 
@@ -29,7 +29,7 @@ class LlamaConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        validate.positive_ints(
+        checks.positive_ints(
             type(self).__name__,
             (
                 (n, getattr(self, n))

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from unipar import validate
+from unipar import checks
 from unipar.models.spec import ModelSpec
 
 
@@ -23,7 +23,7 @@ class MLPConfig:
 
     def __post_init__(self) -> None:
         names = ("in_features", "hidden", "layers", "out_features", "expansion")
-        validate.positive_ints("MLPConfig", ((n, getattr(self, n)) for n in names))
+        checks.positive_ints("MLPConfig", ((n, getattr(self, n)) for n in names))
 
     def spec(self) -> ModelSpec:
         return ModelSpec(

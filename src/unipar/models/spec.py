@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from unipar.analysis.meta import build_on_meta
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,10 @@ class ModelSpec:
     last layer (optional). ``seq_len``: the sequence length of attention (``None``: the
     tokens per sample when more than one), which tells the analysis attention scores
     apart; ``causal_attention``: a decoder's causal mask.
+
+    :attr:`meta_model` builds the model on the meta device once: the analysis, the
+    embedding tables the planner prices and the checks of a plan against the model's
+    layers all read that one build.
     """
 
     name: str
@@ -39,3 +46,8 @@ class ModelSpec:
         if self.seq_len is not None:
             return self.seq_len
         return self.tokens_per_sample if self.tokens_per_sample > 1 else None
+
+    @functools.cached_property
+    def meta_model(self) -> nn.Module:
+        """``factory()`` on the meta device, built on first use and kept."""
+        return build_on_meta(self.factory)

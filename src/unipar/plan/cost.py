@@ -56,10 +56,13 @@ from unipar.analysis.profile import LayerKind, LayerProfile, ModelProfile
 from unipar.cluster.spec import AttentionKernel, ClusterSpec, LinkSpec
 from unipar.plan.memory import (
     MemoryBreakdown,
+    MemoryTerms,
     RankLoads,
     in_flight_microbatches,
+    memory_terms,
     op_level_saved_elems,
     rank_memory,
+    stores_scores,
 )
 from unipar.plan.representation import (
     Mesh,
@@ -339,6 +342,14 @@ class CostModel:
             self.layer_index.append(index[costs, style])
         self._times: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._loads: dict[tuple, RankLoads] = {}
+        # Plans of a search share their stages (lists the search keeps): their loads are
+        # found by the list's identity first, the list held so its id stays its own.
+        self._loads_of: dict[int, tuple[list[list[int]], int, RankLoads]] = {}
+        self._ranks: dict[tuple[int, int], _RankTimes] = {}
+        self._memory: dict[tuple, MemoryTerms] = {}
+        self._rings: dict[tuple, float] = {}
+        self._weights: dict[int, list[float]] = {}  # by the identity of kept layer times
+        self.is_block = np.array([x.kind is LayerKind.BLOCK for x in self.unique], dtype=float)
 
     def layer_times(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
         mesh = plan.mesh
@@ -363,12 +374,19 @@ class CostModel:
 
     def layer_weights(self, plan: Plan) -> list[float]:
         """Each layer's (compute + communication) seconds under ``plan``, in layer order:
-        what pipeline stages balance."""
+        what pipeline stages balance (one list per layer times, kept: the same list
+        for plans that share them)."""
         compute, comm = self.layer_times(plan)
-        per_unique = compute + comm
-        return [float(per_unique[i]) for i in self.layer_index]
+        weights = self._weights.get(id(compute))
+        if weights is None:
+            per_unique = compute + comm
+            weights = self._weights[id(compute)] = [float(per_unique[i]) for i in self.layer_index]
+        return weights
 
     def rank_loads(self, stages: list[list[int]], pp: int) -> RankLoads:
+        seen = self._loads_of.get(id(stages))
+        if seen is not None and seen[0] is stages and seen[1] == pp:
+            return seen[2]
         key = (pp, tuple(s[0] for s in stages), len(stages))
         if key not in self._loads:
             counts = np.zeros((pp, len(self.unique)))
@@ -398,15 +416,80 @@ class CostModel:
                 layer_saved_replicated=present * replicated,
                 layer_saved_attention=present * attention,
             )
+        self._loads_of[id(stages)] = (stages, pp, self._loads[key])
         return self._loads[key]
+
+    def rank_times(self, compute: np.ndarray, comm: np.ndarray, loads: RankLoads) -> _RankTimes:
+        """Per-micro-batch compute and communication of each pipeline rank, for layer
+        times and loads this model made (found by identity)."""
+        key = (id(compute), id(loads))
+        if key not in self._ranks:
+            rank_compute_all = loads.counts @ compute
+            rank_comm_all = loads.counts @ comm
+            slowest = int(np.argmax(rank_compute_all + rank_comm_all))
+            self._ranks[key] = _RankTimes(
+                compute=float(rank_compute_all[slowest]),
+                comm=float(rank_comm_all[slowest]),
+                first_compute=float(rank_compute_all[0]),
+                stage_params=float(loads.params.max()),
+                layers=float(loads.counts.sum(axis=1).max()),
+                blocks=float((loads.counts @ self.is_block).max()),
+            )
+        return self._ranks[key]
+
+    def memory_terms(self, loads: RankLoads, plan: Plan) -> MemoryTerms:
+        # plain values in the key: hashing an enum member runs Python code
+        key = (id(loads), plan.mesh.tp, plan.sequence_parallel, stores_scores(plan, self.cluster))
+        terms = self._memory.get(key)
+        if terms is None:
+            terms = self._memory[key] = memory_terms(loads, plan, self.cluster)
+        return terms
+
+    def ring(self, nbytes: float, mesh: Mesh, axis: Axes, fraction: float) -> float:
+        """:func:`ring_time` on this model's cluster, each collective costed once."""
+        key = (nbytes, mesh, axis, fraction)
+        if key not in self._rings:
+            self._rings[key] = ring_time(nbytes, mesh, axis, self.cluster, fraction=fraction)
+        return self._rings[key]
 
     def estimate(self, plan: Plan, stages: list[list[int]]) -> Estimate:
         """Predict ``plan`` with layers split into ``stages`` (pp x virtual_stages chunks
         of layer indices, in order; chunk ``c`` runs on pipeline rank ``c % pp``)."""
-        return _estimate(self, plan, stages)
+        memory = self.memory(plan, stages)
+        return Estimate(
+            time=self.time(plan, stages),
+            memory=memory,
+            fits=memory.total_gib <= self.cluster.device.memory_gib,
+            model_flops=3 * self.forward_flops * plan.global_batch_size,
+        )
+
+    def memory(self, plan: Plan, stages: list[list[int]]) -> MemoryBreakdown:
+        """:meth:`estimate`'s memory alone (a search needs no time for a plan that
+        does not fit)."""
+        loads = self.rank_loads(stages, plan.mesh.pp)
+        terms = self.memory_terms(loads, plan)
+        return rank_memory(loads, plan, self.cluster, in_flight_microbatches(plan), terms)
+
+    def time(self, plan: Plan, stages: list[list[int]]) -> TimeBreakdown:
+        """:meth:`estimate`'s time alone."""
+        return _time(self, plan, stages)
 
 
-def _fsdp_framework_time(model: CostModel, plan: Plan, loads: RankLoads) -> float:
+@dataclass(frozen=True)
+class _RankTimes:
+    """One plan's stages under its layer times: the slowest rank's compute and
+    communication per micro-batch, the first rank's compute, and the largest stage's
+    parameters, layers and blocks."""
+
+    compute: float
+    comm: float
+    first_compute: float
+    stage_params: float
+    layers: float
+    blocks: float
+
+
+def _fsdp_framework_time(model: CostModel, plan: Plan, ranks: _RankTimes) -> float:
     """The framework's own time in FSDP units (hooks, copies into and out of the flat
     buffers, the optimizer on sharded tensors): per unit, pass and micro-batch. The
     runtime makes each block a unit, plus one for the rest of each stage, and uses FSDP
@@ -415,22 +498,19 @@ def _fsdp_framework_time(model: CostModel, plan: Plan, loads: RankLoads) -> floa
     overhead = model.cluster.device.fsdp_unit_overhead_s
     if overhead == 0 or mesh.data_replicas == 1 or (mesh.fsdp, mesh.tp, mesh.pp) == (1, 1, 1):
         return 0.0
-    is_block = np.array([x.kind is LayerKind.BLOCK for x in model.unique], dtype=float)
-    units = float((loads.counts @ is_block).max()) + plan.virtual_stages
+    units = ranks.blocks + plan.virtual_stages
     passes = 3 + plan.recomputed_fraction
     return units * passes * plan.num_microbatches * overhead
 
 
-def _estimate(model: CostModel, plan: Plan, stages: list[list[int]]) -> Estimate:
+def _time(model: CostModel, plan: Plan, stages: list[list[int]]) -> TimeBreakdown:
     profile, cluster = model.profile, model.cluster
     mesh, device = plan.mesh, cluster.device
     bpe = device.bytes_per_element
     compute, comm = model.layer_times(plan)
     loads = model.rank_loads(stages, mesh.pp)
-    rank_compute_all = loads.counts @ compute
-    rank_comm_all = loads.counts @ comm
-    slowest = int(np.argmax(rank_compute_all + rank_comm_all))
-    rank_compute, rank_tp = float(rank_compute_all[slowest]), float(rank_comm_all[slowest])
+    ranks = model.rank_times(compute, comm, loads)
+    rank_compute, rank_tp = ranks.compute, ranks.comm
     per_micro = rank_compute + rank_tp
     m = plan.num_microbatches
     p2p = 0.0
@@ -447,7 +527,7 @@ def _estimate(model: CostModel, plan: Plan, stages: list[list[int]]) -> Estimate
     else:
         bubble = (mesh.pp - 1) / plan.virtual_stages * per_micro
 
-    stage_params = float(loads.params.max()) / mesh.tp
+    stage_params = ranks.stage_params / mesh.tp
     grad_bytes = stage_params * bpe
     # DDP all-reduces gradients in buckets of 25 MB (over dp and cp, which hold the same
     # weights); a distributed optimizer reduce-scatters them and all-gathers the updated
@@ -461,34 +541,27 @@ def _estimate(model: CostModel, plan: Plan, stages: list[list[int]]) -> Estimate
         bucket_bytes = max(40e6, 1e6 * mesh.dp * mesh.cp) * bpe
     buckets = max(1.0, grad_bytes / bucket_bytes)
     if plan.distributed_optimizer:
-        bucket = 2 * ring_time(grad_bytes / buckets, mesh, replicas, cluster, fraction=1)
+        bucket = 2 * model.ring(grad_bytes / buckets, mesh, replicas, fraction=1)
     else:
-        bucket = ring_time(grad_bytes / buckets, mesh, replicas, cluster, fraction=2)
+        bucket = model.ring(grad_bytes / buckets, mesh, replicas, fraction=2)
     sync = buckets * bucket
     if mesh.fsdp > 1:
-        units = float(loads.counts.sum(axis=1).max())
+        units = ranks.layers
         gathers = 2 * m if plan.reshard_after_forward else 1  # forward + backward per microbatch
-        one = units * ring_time(grad_bytes / units, mesh, MeshAxis.FSDP, cluster, fraction=1)
+        one = units * model.ring(grad_bytes / units, mesh, MeshAxis.FSDP, fraction=1)
         sync += (1 + gathers) * one  # one reduce-scatter, then the all-gathers
     passes = 3 + plan.recomputed_fraction
     overlap = device.overlaps_communication
-    last_backward = float(rank_compute_all[0]) * 2 / passes if overlap else 0.0
-    exposed_sync = max(0.0, sync - last_backward) + _fsdp_framework_time(model, plan, loads)
+    last_backward = ranks.first_compute * 2 / passes if overlap else 0.0
+    exposed_sync = max(0.0, sync - last_backward) + _fsdp_framework_time(model, plan, ranks)
     optimizer_bandwidth = device.optimizer_bandwidth or device.memory_bandwidth
     shards = mesh.fsdp * (mesh.dp * mesh.cp if plan.distributed_optimizer else 1)
     optimizer = stage_params / shards * ADAM_STEP_BYTES_PER_PARAM / optimizer_bandwidth
-    time = TimeBreakdown(
+    return TimeBreakdown(
         compute_s=m * rank_compute,
         tp_comm_s=m * rank_tp,
         pipeline_bubble_s=bubble,
         p2p_s=p2p,
         grad_sync_s=exposed_sync,
         optimizer_s=optimizer,
-    )
-    memory = rank_memory(loads, plan, cluster, in_flight_microbatches(plan))
-    return Estimate(
-        time=time,
-        memory=memory,
-        fits=memory.total_gib <= device.memory_gib,
-        model_flops=3 * model.forward_flops * plan.global_batch_size,
     )

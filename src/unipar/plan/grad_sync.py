@@ -1,6 +1,6 @@
 """How a data-parallel plan exchanges gradients: all-reduce, or parameter servers for a
 model whose embedding tables dominate (each step touches a few rows). Pure: the model
-is looked at on the meta device and priced with :mod:`unipar.ps.cost`.
+is looked at on the meta device and priced with :mod:`unipar.plan.sync_cost`.
 
 - The tables and how many ids each sample looks up: a meta forward with hooks on every
   ``nn.Embedding``. A table whose weight another module shares (a tied output layer)
@@ -16,7 +16,6 @@ is looked at on the meta device and priced with :mod:`unipar.ps.cost`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -25,9 +24,15 @@ from torch import nn
 from unipar.analysis.profile import ModelProfile
 from unipar.cluster.spec import ClusterSpec
 from unipar.models.spec import ModelSpec
+from unipar.plan.representation import GradSync
 from unipar.plan.strategy_search import Candidate, Constraints, search
-from unipar.ps.cost import Links, SparseWorkload, SyncChoice, SyncKind, choose_grad_sync
-from unipar.ps.worth import WORTH_SERVING_SHARE
+from unipar.plan.sync_cost import (
+    WORTH_SERVING_SHARE,
+    Links,
+    SparseWorkload,
+    SyncChoice,
+    choose_grad_sync,
+)
 
 # Seconds per touched row of the parameter-server path end to end (unique ids, route,
 # gather, scatter, the server's update), as `benchmarks/ps_vs_allreduce.py` calibrates
@@ -69,7 +74,7 @@ class GradSyncDecision:
     were priced for (with ``choice``: both prices and the reason); ``why_not`` says why
     the servers were not considered or lost."""
 
-    kind: SyncKind
+    kind: GradSync
     choice: SyncChoice | None = None
     candidate: Candidate | None = None
     why_not: str = ""
@@ -81,8 +86,7 @@ def sparse_facts(model: ModelSpec) -> SparseFacts:
     """The model's embedding tables (with ids per sample) and its dense parameters,
     built on the meta device; ids are counted by one forward of one sample, run only
     when the tables hold enough of the parameters to be worth serving."""
-    with torch.device("meta"):
-        module = model.factory()
+    module = model.meta_model
     embeddings, dense = _untied_embeddings(module)
     ids = dict.fromkeys(embeddings, 0.0)
     facts = SparseFacts(_tables(embeddings, ids), dense)
@@ -105,11 +109,9 @@ def sparse_facts(model: ModelSpec) -> SparseFacts:
     return SparseFacts(_tables(embeddings, ids), dense)
 
 
-def parameter_facts(factory: Callable[[], nn.Module]) -> SparseFacts:
-    """The tables and dense parameters of ``factory()`` built on the meta device, no
+def parameter_facts(module: nn.Module) -> SparseFacts:
+    """The tables and dense parameters of ``module`` (built on the meta device), no
     forward (ids per sample unknown: 0); enough for the share the tables hold."""
-    with torch.device("meta"):
-        module = factory()
     embeddings, dense = _untied_embeddings(module)
     return SparseFacts(_tables(embeddings, dict.fromkeys(embeddings, 0.0)), dense)
 
@@ -148,7 +150,7 @@ def touched_fraction(facts: SparseFacts, local_batch: int) -> float:
 
 
 def cluster_links(cluster: ClusterSpec) -> Links:
-    """Links of ``cluster`` for :mod:`unipar.ps.cost`: ring all-reduce at the slowest
+    """Links of ``cluster`` for :mod:`unipar.plan.sync_cost`: ring all-reduce at the slowest
     hop's per-device bandwidth, workers and servers over the node network (within one
     node, its links)."""
     if cluster.nodes > 1:
@@ -182,17 +184,17 @@ def decide_grad_sync(
     allow; they win when that plan with servers beats ``best`` (the searched plan,
     all-reduce) per step."""
     if not facts.tables:
-        return GradSyncDecision(SyncKind.ALL_REDUCE, why_not="the model has no embedding table")
+        return GradSyncDecision(GradSync.ALL_REDUCE, why_not="the model has no embedding table")
     if facts.table_share < WORTH_SERVING_SHARE:
         return GradSyncDecision(
-            SyncKind.ALL_REDUCE,
+            GradSync.ALL_REDUCE,
             why_not=f"embedding tables hold {facts.table_share:.0%} of the parameters "
             f"(< {WORTH_SERVING_SHARE:.0%})",
         )
     pinned = {"tp": constraints.tp, "pp": constraints.pp, "fsdp": constraints.fsdp}
     if any(v not in (None, 1) for v in pinned.values()) or cluster.num_devices < 2:
         return GradSyncDecision(
-            SyncKind.ALL_REDUCE,
+            GradSync.ALL_REDUCE,
             why_not="servers serve pure data parallelism over 2 or more workers, which "
             "the constraints or the cluster rule out",
         )
@@ -213,10 +215,10 @@ def decide_grad_sync(
     )
     choice = choose_grad_sync(workload, cluster_links(cluster))
     decided = GradSyncDecision(choice.kind, choice, candidate, "", fraction, cluster.nodes)
-    if choice.kind is SyncKind.PARAMETER_SERVER and choice.ps.step_s >= best.estimate.step_time_s:
+    if choice.kind is GradSync.PARAMETER_SERVER and choice.ps.step_s >= best.estimate.step_time_s:
         return replace(
             decided,
-            kind=SyncKind.ALL_REDUCE,
+            kind=GradSync.ALL_REDUCE,
             why_not=f"servers under dp={plan.mesh.dp} take {choice.ps.step_s * 1e3:.1f} ms a "
             f"step, the chosen plan {best.estimate.step_time_s * 1e3:.1f} ms",
         )

@@ -29,14 +29,12 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from unipar.cluster.hetero import HeteroCluster, NodeGroup
 from unipar.cluster.spec import GIB, LinkSpec
 from unipar.errors import ConfigError, ResourceError
-
-if TYPE_CHECKING:
-    from unipar.plan.representation import Plan
+from unipar.plan.representation import Mesh, Plan
 
 
 class HeteroKind(Enum):
@@ -127,8 +125,6 @@ class HeteroPlan:
         the profiles given to :func:`plan_hetero`, so give those in the runtime model's
         layer order). Ranks follow this order; placing each rank on its group's devices
         is up to the cluster."""
-        from unipar.plan.representation import Mesh, Plan
-
         if any(a.tp > 1 for a in self.assignments):
             raise ConfigError(
                 "HeteroPlan.to_plan: the runtime takes uneven shares and stages without "

@@ -58,36 +58,73 @@ def op_level_saved_elems(layer: LayerProfile) -> tuple[float, float]:
     return products + attention_output, layer.output_elems
 
 
-def rank_memory(
-    loads: RankLoads, plan: Plan, cluster: ClusterSpec, in_flight: float
-) -> MemoryBreakdown:
-    """Memory of the pipeline rank that needs the most."""
+@dataclass(frozen=True)
+class MemoryTerms:
+    """The parts of :func:`rank_memory` that do not depend on the micro-batch, its
+    count or the schedule, for one set of rank loads, tp and sequence parallelism:
+    computed once and shared by the plans that differ only in those."""
+
+    saved: np.ndarray  # [ranks]: elements saved for backward per sample
+    largest: np.ndarray  # [ranks]: the largest layer's
+    op_kept: np.ndarray  # [ranks]: kept under op-level selective recompute
+    kept_inputs: np.ndarray  # [ranks]: layer inputs, over sp
+    largest_layer: np.ndarray  # [ranks]: bytes of the largest layer's weights, over tp
+    params: np.ndarray  # [ranks]: parameters over tp
+
+
+def memory_terms(loads: RankLoads, plan: Plan, cluster: ClusterSpec) -> MemoryTerms:
     mesh, device = plan.mesh, cluster.device
-    bpe, b, tp = device.bytes_per_element, plan.microbatch_size / mesh.cp, mesh.tp
+    bpe, tp = device.bytes_per_element, mesh.tp
     sp = tp if plan.sequence_parallel else 1
-    # Scores are stored only by the math path without selective recompute.
-    op_level = plan.recompute is Recompute.SELECTIVE_OP
-    scores = device.attention is AttentionKernel.MATH and not (
-        op_level or plan.recompute is Recompute.SELECTIVE
-    )
+    scores = stores_scores(plan, cluster)
     saved = loads.saved_sharded / tp + loads.saved_replicated / sp
     if scores:
         saved = saved + loads.saved_attention / tp
-    activations = saved * b * bpe * in_flight
     # One layer's activations exist while it recomputes.
     largest = (
         loads.layer_saved_sharded / tp
         + loads.layer_saved_replicated / sp
         + (loads.layer_saved_attention / tp if scores else 0)
     ).max(axis=1)
-    if op_level:
-        kept = loads.op_saved_sharded / tp + loads.op_saved_replicated / sp
-        activations = (kept * in_flight + largest) * b * bpe
+    return MemoryTerms(
+        saved=saved,
+        largest=largest,
+        op_kept=loads.op_saved_sharded / tp + loads.op_saved_replicated / sp,
+        kept_inputs=loads.kept_inputs / sp,
+        largest_layer=loads.layer_params.max(axis=1) / tp * bpe,
+        params=loads.params / tp,
+    )
+
+
+def stores_scores(plan: Plan, cluster: ClusterSpec) -> bool:
+    """Whether attention scores are stored: by the math path only, without selective
+    recompute."""
+    return cluster.device.attention is AttentionKernel.MATH and plan.recompute not in (
+        Recompute.SELECTIVE_OP,
+        Recompute.SELECTIVE,
+    )
+
+
+def rank_memory(
+    loads: RankLoads,
+    plan: Plan,
+    cluster: ClusterSpec,
+    in_flight: float,
+    terms: MemoryTerms | None = None,
+) -> MemoryBreakdown:
+    """Memory of the pipeline rank that needs the most (``terms``: its
+    :func:`memory_terms`, when already made)."""
+    mesh, device = plan.mesh, cluster.device
+    bpe, b = device.bytes_per_element, plan.microbatch_size / mesh.cp
+    t = memory_terms(loads, plan, cluster) if terms is None else terms
+    activations = t.saved * b * bpe * in_flight
+    if plan.recompute is Recompute.SELECTIVE_OP:
+        activations = (t.op_kept * in_flight + t.largest) * b * bpe
     if plan.recompute is Recompute.FULL:
         # A recomputing layer keeps its input. The share 1 - f of layers that do not
         # recompute keep their activations.
         f = plan.recomputed_fraction
-        kept = (loads.kept_inputs / sp * in_flight + largest) * b * bpe
+        kept = (t.kept_inputs * in_flight + t.largest) * b * bpe
         activations = f * kept + (1 - f) * activations
     zero3 = mesh.fsdp > 1 and plan.reshard_after_forward
     optimizer_shards = mesh.fsdp * (mesh.dp * mesh.cp if plan.distributed_optimizer else 1)
@@ -99,11 +136,10 @@ def rank_memory(
     # Sharded weights and gradients exist whole for the layer at work: ZeRO-3 holds the
     # gathered weights of the current and the prefetched layer, and with any sharding
     # one layer's full gradient waits for its reduce-scatter.
-    largest_layer = loads.layer_params.max(axis=1) / tp * bpe
-    working = largest_layer * ((2 if zero3 else 0) + (1 if mesh.fsdp > 1 else 0))
-    totals = loads.params / tp * per_param + activations + working
+    working = t.largest_layer * ((2 if zero3 else 0) + (1 if mesh.fsdp > 1 else 0))
+    totals = t.params * per_param + activations + working
     rank = int(np.argmax(totals))
-    params = float(loads.params[rank]) / tp
+    params = float(t.params[rank])
     return MemoryBreakdown(
         weights_gib=(params * bpe / (mesh.fsdp if zero3 else 1) + float(working[rank])) / GIB,
         gradients_gib=params * bpe / mesh.fsdp / GIB,

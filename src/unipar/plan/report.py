@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 from unipar.analysis.profile import ModelProfile, analyze
+from unipar.cluster.corrections import base_cluster
 from unipar.cluster.spec import ClusterSpec
 from unipar.errors import ConfigError
 from unipar.models.spec import ModelSpec
+from unipar.plan.explain import (
+    corrections_text,
+    count_text,
+    describe,
+    exchange_text,
+    versus_text,
+    zero_level,
+)
 from unipar.plan.grad_sync import GradSyncDecision, decide_grad_sync, sparse_facts
 from unipar.plan.representation import GradSync
 from unipar.plan.strategy_search import Candidate, Constraints, SearchResult, search
-from unipar.ps.cost import SyncKind
 
 
 @dataclass(frozen=True)
@@ -30,7 +39,7 @@ class PlanReport:
         """The chosen plan; when parameter servers win, with ``grad_sync`` set to them
         and their exchange time in place of the all-reduce's."""
         decision = self.grad_sync
-        if decision is None or decision.kind is not SyncKind.PARAMETER_SERVER:
+        if decision is None or decision.kind is not GradSync.PARAMETER_SERVER:
             return self.result.best
         assert decision.choice is not None and decision.candidate is not None
         dp = decision.candidate
@@ -53,7 +62,8 @@ class PlanReport:
             "step_time_s": step,
             "memory_gib_per_device": e.memory.total_gib,
             "tflops_per_device": executed / step / devices / 1e12,
-            "mfu": e.model_flops / step / devices / self.cluster.device.peak_flops,
+            # against the spec sheet's peak, not a peak corrected by measured runs
+            "mfu": e.model_flops / step / devices / base_cluster(self.cluster).device.peak_flops,
             "tokens_per_s": self.global_batch_size * self.tokens_per_sample / step,
         }
 
@@ -75,7 +85,7 @@ class PlanReport:
                 "virtual_stages": plan.virtual_stages,
                 "recompute": plan.recompute.value,
                 "recompute_every": plan.recompute_every,
-                "zero": _zero_level(self.best),
+                "zero": zero_level(self.best),
                 "stage_boundaries": list(plan.stage_boundaries),
                 "grad_sync": plan.grad_sync.value,
             },
@@ -90,6 +100,7 @@ class PlanReport:
                 "nodes": self.cluster.nodes,
                 "devices_per_node": self.cluster.devices_per_node,
                 "device": self.cluster.device.name,
+                "corrections": _corrections(self.cluster),
             },
             "model": {"params": self.profile.params, "layers": len(self.profile.layers)},
             "alternatives": [self._summary(c) for c in self.result.ranked[1:]],
@@ -102,43 +113,78 @@ class PlanReport:
         return {"plan": describe(candidate), **self.predicted(candidate)}
 
     def explain(self) -> str:
-        from unipar.plan.explain import explain
+        """The choice, its numbers, and why the others lost (pictures of it:
+        :func:`unipar.viz.plan_pictures.plot_plan`)."""
+        best = self.best
+        p = self.predicted()
+        e = best.estimate
+        cluster = self.cluster
+        lines = [
+            f"model: {count_text(self.profile.params)} parameters, {len(self.profile.layers)} "
+            f"layers; cluster: {cluster.nodes} x {cluster.devices_per_node} {cluster.device.name} "
+            f"({cluster.device.memory_gib:.1f} GiB); global batch {self.global_batch_size}",
+            *corrections_text(cluster),
+            f"searched {self.result.evaluated} plans in {self.result.search_time_s:.2f} s "
+            f"(analysis {self.analysis_time_s:.2f} s)",
+            "",
+            f"chosen: {describe(best)}",
+            f"  step time      {p['step_time_s']:.3f} s   ({p['tokens_per_s']:,.0f} tokens/s)",
+            f"  per device     {p['tflops_per_device']:.1f} TFLOP/s executed, MFU {p['mfu']:.1%}",
+            "  time           "
+            + ", ".join(
+                f"{name.removesuffix('_s').replace('_', ' ')} {value:.3f}"
+                for name, value in vars(e.time).items()
+                if value > 0
+            ),
+            f"  memory/device  {e.memory.total_gib:.1f} GiB of {cluster.device.memory_gib:.1f}: "
+            + ", ".join(
+                f"{name.removesuffix('_gib')} {value:.1f}" for name, value in vars(e.memory).items()
+            ),
+        ]
+        if best.plan.stage_boundaries:
+            lines.append(f"  stages start at layers {list(best.plan.stage_boundaries)}")
+        if self.grad_sync is not None:
+            lines.append(f"  gradients      {exchange_text(self.grad_sync)}")
+        alternatives = self.result.ranked[1:6]
+        if alternatives:
+            lines += ["", "next best (slower by):"]
+            lines += [versus_text(best, c, describe(c)) for c in alternatives]
+        rejected = self.result.rejected[:3]
+        if rejected:
+            lines += ["", "rejected, over memory (by):"]
+            lines += [
+                f"  {describe(c):60s} needs {c.estimate.memory.total_gib:.1f} GiB "
+                f"(+{c.estimate.memory.total_gib - cluster.device.memory_gib:.1f})"
+                for c in rejected
+            ]
+        return "\n".join(lines)
 
-        return explain(self)
 
-    def plot(self, directory: Any) -> Any:
-        """Write ``timeline.png``, ``memory.png`` and ``breakdown.png`` into ``directory``
-        (a path; needs ``pip install unipar[plot]``); returns their paths
-        (:class:`unipar.viz.plan_pictures.PlanPictures`)."""
-        from unipar.viz.plan_pictures import plot_plan
-
-        return plot_plan(self, directory)
-
-
-def _zero_level(candidate: Candidate) -> int:
-    mesh = candidate.plan.mesh
-    if mesh.fsdp == 1:
-        return 1 if candidate.plan.distributed_optimizer else 0
-    return 3 if candidate.plan.reshard_after_forward else 2
+def _corrections(cluster: ClusterSpec) -> dict[str, Any] | None:
+    """The learned factors applied to the cluster's rates (``None``: as specified)."""
+    corrections = cluster.corrections
+    if corrections is None:
+        return None
+    return {
+        "runs": corrections.runs,
+        "kept_apart": corrections.kept_apart,
+        "factors": {rate.value: value for rate, value in corrections.factors},
+    }
 
 
-def describe(candidate: Candidate) -> str:
-    plan = candidate.plan
-    mesh = plan.mesh
-    parts = [f"tp={mesh.tp}", f"pp={mesh.pp}", f"dp={mesh.dp}", f"fsdp={mesh.fsdp}"]
-    if mesh.cp > 1:
-        parts.append(f"cp={mesh.cp}")
-    if plan.sequence_parallel:
-        parts.append("sp")
-    if _zero_level(candidate):
-        parts.append(f"zero={_zero_level(candidate)}")
-    parts.append(f"mb={plan.microbatch_size}x{plan.num_microbatches}")
-    if mesh.pp > 1:
-        virtual = f"(v={plan.virtual_stages})" if plan.virtual_stages > 1 else ""
-        parts.append(f"{plan.schedule.value}{virtual}")
-    every = f"(every {plan.recompute_every})" if plan.recompute_every > 1 else ""
-    parts.append(f"recompute={plan.recompute.value}{every}")
-    return " ".join(parts)
+def model_profile(model: ModelSpec) -> ModelProfile:
+    """The analysis of ``model`` (its meta-device build) on one sample."""
+    return analyze(
+        model.meta_model,
+        model.sample_shape,
+        input_dtype=model.input_dtype,
+        hidden=model.hidden,
+        tp_divisibility=model.tp_divisibility,
+        loss=model.loss,
+        target=model.target,
+        attention_seq=model.attention_seq,
+        causal_attention=model.causal_attention,
+    )
 
 
 def plan(
@@ -149,6 +195,7 @@ def plan(
     constraints: Constraints | None = None,
     keep: int = 8,
     consider_servers: bool = True,
+    profile: ModelProfile | None = None,
 ) -> PlanReport:
     """Choose how to train ``model`` on ``cluster``; nothing is allocated or run.
     ``keep``: how many of the fitting plans the report ranks.
@@ -157,23 +204,14 @@ def plan(
     ``.spec()``, or wrap your own factory with ``ModelSpec(name, factory, sample_shape)``.
     ``consider_servers``: also price parameter servers for the gradient exchange
     (:mod:`unipar.plan.grad_sync`; False where the run could not use them).
+    ``profile``: the model's analysis when already made (:func:`model_profile`); planning
+    the same model for several clusters or sizes analyses it once.
     """
-    import time
-
     if global_batch_size < 1:
         raise ConfigError(f"global_batch_size must be >= 1, but got {global_batch_size}")
     started = time.perf_counter()
-    profile = analyze(
-        model.factory,
-        model.sample_shape,
-        input_dtype=model.input_dtype,
-        hidden=model.hidden,
-        tp_divisibility=model.tp_divisibility,
-        loss=model.loss,
-        target=model.target,
-        attention_seq=model.attention_seq,
-        causal_attention=model.causal_attention,
-    )
+    if profile is None:
+        profile = model_profile(model)
     analysis_time = time.perf_counter() - started
     result = search(profile, cluster, global_batch_size, constraints or Constraints(), keep=keep)
     decision = (

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
-from unipar import validate
+from unipar import checks
 from unipar.errors import ConfigError
 
 
@@ -99,21 +99,15 @@ class Mesh:
 
     def __post_init__(self) -> None:
         for axis in fields(self):
-            validate.integer(f"mesh axis {axis.name}", getattr(self, axis.name), minimum=1)
+            checks.integer(f"mesh axis {axis.name}", getattr(self, axis.name), minimum=1)
 
     @property
     def world_size(self) -> int:
         return self.pp * self.dp * self.fsdp * self.cp * self.tp
 
     def size(self, axis: MeshAxis) -> int:
-        """The size of ``axis``."""
-        return {
-            MeshAxis.PP: self.pp,
-            MeshAxis.DP: self.dp,
-            MeshAxis.FSDP: self.fsdp,
-            MeshAxis.CP: self.cp,
-            MeshAxis.TP: self.tp,
-        }[axis]
+        """The size of ``axis`` (the field its value names)."""
+        return getattr(self, axis.value)
 
     @property
     def data_replicas(self) -> int:
@@ -185,14 +179,16 @@ class Plan:
 
     def __post_init__(self) -> None:
         for name in ("microbatch_size", "num_microbatches", "virtual_stages", "recompute_every"):
-            validate.integer(f"plan field {name}", getattr(self, name), minimum=1)
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:  # the common case at once: search makes many
+                checks.integer(f"plan field {name}", value, minimum=1)
         if self.replica_samples:
             self._check_replica_samples()
         stages = self.mesh.pp * self.virtual_stages
         bounds = self.stage_boundaries
         if bounds and (
             len(bounds) != stages - 1
-            or any(not isinstance(b, int) or isinstance(b, bool) for b in bounds)
+            or set(map(type, bounds)) != {int}  # bools and floats refused
             or list(bounds) != sorted(set(bounds))
             or bounds[0] < 1
         ):
@@ -297,7 +293,7 @@ class Plan:
         values["mesh"] = _mesh(values["mesh"])
         for name in ("reshard_after_forward", "sequence_parallel"):
             if name in values:
-                validate.boolean(f"plan field {name}", values[name])
+                checks.boolean(f"plan field {name}", values[name])
         for name, enum in (
             ("schedule", PipelineSchedule),
             ("recompute", Recompute),

@@ -1,13 +1,15 @@
 """What the runtime can apply today: plan options the planner knows but the runtime
-does not run yet. Pure; ``fit`` refuses a plan for which :func:`unsupported_features`
-says anything, and live planning (:class:`~unipar.plan.Constraints` with
-``runtime_only``) never proposes one."""
+does not run yet, and whether a plan fits a run (:func:`check_plan_for_run`: its
+workers, its batch, the parameter servers' rules). Pure (no torch, no Ray); ``fit``
+refuses a plan for which :func:`unsupported_features` says anything, and live planning
+(:class:`~unipar.plan.Constraints` with ``runtime_only``) never proposes one."""
 
 from __future__ import annotations
 
 from enum import Enum
 
-from unipar.plan.representation import Plan, Recompute
+from unipar.errors import ConfigError
+from unipar.plan.representation import GradSync, Plan, Recompute
 
 
 class Feature(Enum):
@@ -84,3 +86,50 @@ def unsupported_features(plan: Plan, lacking: frozenset[Feature] = RUNTIME_LACKS
         "the runtime (fit's strategy 'auto' plans only what it runs)"
         for feature in sorted(plan_features(plan) & lacking, key=lambda f: f.name)
     ]
+
+
+def check_servers_plan(plan: Plan) -> None:
+    """Servers serve pure data parallelism."""
+    mesh = plan.mesh
+    if plan.replica_samples:
+        raise ConfigError(
+            f"a parameter-server plan splits every global batch evenly over its workers, but "
+            f"got replica_samples={list(plan.replica_samples)}; leave replica_samples out, or "
+            "pass grad_sync='all_reduce'"
+        )
+    if mesh.world_size != mesh.dp:
+        raise ConfigError(
+            f"a parameter-server plan is pure data parallel, but got tp={mesh.tp} pp={mesh.pp} "
+            f"fsdp={mesh.fsdp} cp={mesh.cp} dp={mesh.dp}; set the other axes to 1, or pass "
+            "grad_sync='all_reduce'"
+        )
+
+
+def check_plan_for_run(
+    plan: Plan, workers: int | tuple[int, int], global_batch_size: int | None = None
+) -> None:
+    """A plan the runtime can run on ``workers`` workers (one per mesh position; a range
+    ``(least, most)`` for an elastic run: the plan is for a size within it), for a job of
+    ``global_batch_size`` samples per step (when known)."""
+    mesh = plan.mesh
+    least, most = workers if isinstance(workers, tuple) else (workers, workers)
+    if not least <= mesh.world_size <= most:
+        size = f"{most}" if least == most else f"{least}..{most}"
+        raise ConfigError(
+            f"the plan's mesh needs {mesh.world_size} workers (pp={mesh.pp} x dp={mesh.dp} x "
+            f"fsdp={mesh.fsdp} x cp={mesh.cp} x tp={mesh.tp}), but workers={size}; pass "
+            f"workers={mesh.world_size} (--workers {mesh.world_size}) or a plan for {most} "
+            "workers"
+        )
+    if plan.grad_sync is GradSync.PARAMETER_SERVER:
+        check_servers_plan(plan)
+    lacking = unsupported_features(plan)
+    if lacking:
+        raise ConfigError("; ".join(lacking))
+    if global_batch_size is not None and plan.global_batch_size != global_batch_size:
+        raise ConfigError(
+            f"the plan's global batch (microbatch_size={plan.microbatch_size} x "
+            f"num_microbatches={plan.num_microbatches} x data replicas="
+            f"{mesh.data_replicas} = {plan.global_batch_size}) must equal the job's "
+            f"global_batch_size={global_batch_size}; adjust one of them"
+        )

@@ -9,22 +9,21 @@ sequence parallelism goes with every tp > 1 (it saves memory and time at the sam
 communication volume). ``Constraints.runtime_only`` leaves out what the runtime cannot
 apply yet (:mod:`unipar.plan.runtime_support`). Layers are split into pipeline stages
 by dynamic programming that minimises the slowest stage (the inter-operator pass of
-Alpa, Zheng et al. 2022, Sec. 5).
+Alpa, Zheng et al. 2022, Sec. 5; :mod:`unipar.plan.partition`). A plan is costed for memory
+first, and for time only if it fits.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import dataclass
 
-import numpy as np
-
-from unipar.analysis.profile import LayerKind, ModelProfile
+from unipar.analysis.profile import ModelProfile
 from unipar.cluster.spec import AttentionKernel, ClusterSpec
 from unipar.errors import ConfigError
 from unipar.plan.cost import CostModel, Estimate, tensor_parallel_styles
+from unipar.plan.partition import StagePartitions
 from unipar.plan.representation import Mesh, PipelineSchedule, Plan, Recompute
 from unipar.plan.runtime_support import LIVE_PLANNING_SKIPS, Feature
 
@@ -76,52 +75,6 @@ class SearchResult:
     rejected: tuple[Candidate, ...]  # plans over memory, least over first
     evaluated: int
     search_time_s: float
-
-
-def balanced_partition(weights: Sequence[float], parts: int) -> list[list[int]]:
-    """Split ``weights`` into ``parts`` contiguous non-empty runs minimising the largest
-    run's sum. Dynamic program over (runs, prefix end): best[k][j] = min over i of
-    max(best[k-1][i], sum(weights[i:j])), one vectorised row per run."""
-    n = len(weights)
-    if not 1 <= parts <= n:
-        raise ConfigError(f"cannot split {n} layers into {parts} pipeline stages")
-    prefix = np.concatenate([[0.0], np.cumsum(weights)])
-    span = prefix[None, :] - prefix[:, None]  # span[i, j] = sum(weights[i:j])
-    invalid = np.tril(np.ones((n + 1, n + 1), dtype=bool))  # need i < j
-    best = np.where(np.arange(n + 1) > 0, span[0], np.inf)
-    best[0] = np.inf
-    choices = []
-    for _ in range(1, parts):
-        cost = np.maximum(best[:, None], span)
-        cost[invalid] = np.inf
-        choices.append(cost.argmin(axis=0))
-        best = cost.min(axis=0)
-    cuts, end = [], n
-    for choice in reversed(choices):
-        start = int(choice[end])
-        cuts.append(start)
-        end = start
-    bounds = [0, *reversed(cuts), n]
-    return [list(range(bounds[k], bounds[k + 1])) for k in range(parts)]
-
-
-def pipeline_cut_points(profile: ModelProfile) -> list[int]:
-    """Layers a pipeline stage may start at: every block but the first. Layers around
-    the blocks (embeddings, final norm, output) stay with their neighbouring block, as in
-    Megatron-LM and torchtitan, so a stage is always a run of whole blocks."""
-    blocks = [i for i, layer in enumerate(profile.layers) if layer.kind is LayerKind.BLOCK]
-    return blocks[1:]
-
-
-def stage_partition(profile: ModelProfile, weights: Sequence[float], parts: int) -> list[list[int]]:
-    """The layers of each of ``parts`` stages, cut only at :func:`pipeline_cut_points`,
-    minimising the heaviest stage's summed ``weights``."""
-    if parts == 1:
-        return [list(range(len(weights)))]
-    bounds = [0, *pipeline_cut_points(profile), len(weights)]
-    units = [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
-    grouped = balanced_partition([sum(weights[i] for i in unit) for unit in units], parts)
-    return [[i for u in group for i in units[u]] for group in grouped]
 
 
 def _divisors(n: int) -> list[int]:
@@ -232,21 +185,34 @@ def search(
     check_constraints(profile, cluster, global_batch_size, constraints)
     model = CostModel(profile, cluster)
     styles = tensor_parallel_styles(profile)
-    partitions: dict[tuple, list[list[int]]] = {}
-    fitting: list[Candidate] = []
-    over: list[Candidate] = []
+    partitions: dict[tuple, tuple[list[list[int]], tuple[int, ...]]] = {}
+    splitter = StagePartitions(profile)
+    fitting: list[tuple[float, Plan, list[list[int]]]] = []  # (step time, plan, stages)
+    over: list[tuple[float, Plan, list[list[int]]]] = []  # (memory, plan, stages)
+    capacity = cluster.device.memory_gib
     evaluated = 0
     recomputes = _recomputes(profile, cluster, constraints)
     for mesh, reshard, zero1 in _meshes(profile, cluster, global_batch_size, constraints):
         sp = mesh.tp > 1 and constraints.sequence_parallel is not False
         sp = sp and constraints.allows(Feature.SEQUENCE_PARALLEL)
         per_replica = global_batch_size // mesh.data_replicas
+        tp_styles = styles if mesh.tp > 1 else ()
         for b in _divisors(per_replica):
             if constraints.microbatch_size not in (None, b):
                 continue
             m = per_replica // b
             for schedule, v in _schedules(mesh, profile, m, constraints):
                 for recompute, every in recomputes:
+                    chunks = mesh.pp * v
+                    key = (chunks, mesh.tp, recompute.value, every)  # str: hashed at C speed
+                    if key not in partitions:
+                        # stages balance one sample's layer times: the partition of a key
+                        # serves every micro-batch size
+                        unit = Plan(mesh=mesh, virtual_stages=v, recompute=recompute,
+                                    recompute_every=every, sequence_parallel=sp)
+                        stages = splitter.split(model.layer_weights(unit), chunks)
+                        partitions[key] = (stages, tuple(s[0] for s in stages[1:]))
+                    stages, boundaries = partitions[key]
                     plan = Plan(
                         mesh=mesh,
                         microbatch_size=b,
@@ -258,34 +224,31 @@ def search(
                         reshard_after_forward=reshard,
                         sequence_parallel=sp,
                         distributed_optimizer=zero1,
+                        stage_boundaries=boundaries,
+                        layer_tp=tp_styles,
                     )
-                    chunks = mesh.pp * v
-                    key = (chunks, mesh.tp, recompute, every)
-                    if key not in partitions:
-                        unit = replace(plan, microbatch_size=1)
-                        weights = model.layer_weights(unit)
-                        partitions[key] = stage_partition(profile, weights, chunks)
-                    stages = partitions[key]
-                    plan = replace(
-                        plan,
-                        stage_boundaries=tuple(s[0] for s in stages[1:]),
-                        layer_tp=styles if mesh.tp > 1 else (),
-                    )
-                    result = model.estimate(plan, stages)
+                    # memory first: most plans of a large model do not fit, and need
+                    # no time; each kept plan's whole estimate is made once, at the end
+                    memory = model.memory(plan, stages)
                     evaluated += 1
-                    (fitting if result.fits else over).append(Candidate(plan, result))
+                    if memory.total_gib > capacity:
+                        over.append((memory.total_gib, plan, stages))
+                        continue
+                    fitting.append((model.time(plan, stages).total_s, plan, stages))
                     # The options after one that fits are slower: none before any
                     # recompute; full recompute of fewer layers before more.
-                    if result.fits and recompute not in _PARTIAL_OPS:
+                    if recompute not in _PARTIAL_OPS:
                         break
-    fitting.sort(key=lambda c: c.estimate.step_time_s)
-    over.sort(key=lambda c: c.estimate.memory.total_gib)
-    if not fitting:
-        raise _no_fit_error(profile, cluster, over, evaluated)
+    fitting.sort(key=lambda found: found[0])
+    over.sort(key=lambda found: found[0])
+    ranked = tuple(Candidate(p, model.estimate(p, s)) for _, p, s in fitting[:keep])
+    rejected = tuple(Candidate(p, model.estimate(p, s)) for _, p, s in over[:keep])
+    if not ranked:
+        raise _no_fit_error(profile, cluster, list(rejected), evaluated)
     return SearchResult(
-        best=fitting[0],
-        ranked=tuple(fitting[:keep]),
-        rejected=tuple(over[:keep]),
+        best=ranked[0],
+        ranked=ranked,
+        rejected=rejected,
         evaluated=evaluated,
         search_time_s=time.perf_counter() - started,
     )

@@ -1,39 +1,34 @@
-"""The optimizer a server runs on its shard: dense tensors updated whole, embedding
-rows updated only where pushed (lazily, as ``torch.optim.SparseAdam``). Pure torch.
+"""The optimizer a server runs on its shard, from the job's one
+:class:`~unipar.optimizer.OptimizerSpec`: dense tensors updated whole, embedding rows
+updated only where pushed (the sparse update: lazily, as ``torch.optim.SparseAdam``, for
+Adam and AdamW). Pure torch.
 
 Formulas as in the PyTorch docs of ``torch.optim.SGD`` (no momentum), ``Adagrad``
 (``lr_decay=0``, ``initial_accumulator_value=0``) and ``Adam``/``SparseAdam``
-(Kingma & Ba 2015, bias-corrected), so a synchronous run matches one process using
-those optimizers.
+(Kingma & Ba 2015, bias-corrected; AdamW without weight decay is Adam), so a
+synchronous run matches one process using those optimizers.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from enum import Enum
 
 import torch
 
 from unipar.errors import ConfigError
+from unipar.optimizer import OptimizerKind, OptimizerSpec
 
 
-class OptimizerKind(Enum):
-    SGD = "sgd"
-    ADAGRAD = "adagrad"
-    ADAM = "adam"
-
-
-@dataclass(frozen=True)
-class OptimizerSpec:
-    kind: OptimizerKind = OptimizerKind.SGD
-    lr: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8  # Adam's default; Adagrad uses 1e-10 as torch does
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ConfigError(f"the learning rate must be > 0, but got lr={self.lr}")
+def server_rule(spec: OptimizerSpec) -> str | None:
+    """Why the servers cannot run ``spec`` (None: they can). They run SGD without
+    momentum, Adagrad, and Adam or AdamW, all without weight decay."""
+    if spec.weight_decay or (spec.kind is OptimizerKind.SGD and spec.momentum):
+        return (
+            f"servers run SGD without momentum, or Adagrad, Adam or AdamW without weight "
+            f"decay, but got "
+            f"{spec.kind.value} with momentum={spec.momentum}, weight_decay={spec.weight_decay}"
+        )
+    return None
 
 
 class ShardOptimizer:
@@ -41,13 +36,16 @@ class ShardOptimizer:
     state of only what it holds)."""
 
     def __init__(self, spec: OptimizerSpec, tensors: dict[str, torch.Tensor]) -> None:
+        rule = server_rule(spec)
+        if rule is not None:
+            raise ConfigError(f"{rule}; pass weight_decay=0 and momentum=0")
         self.spec = spec
         self.state: dict[str, dict[str, torch.Tensor]] = {}
         self.steps: dict[str, int] = dict.fromkeys(tensors, 0)
         for name, t in tensors.items():
             if spec.kind is OptimizerKind.ADAGRAD:
                 self.state[name] = {"sum": torch.zeros_like(t)}
-            elif spec.kind is OptimizerKind.ADAM:
+            elif spec.kind in (OptimizerKind.ADAM, OptimizerKind.ADAMW):
                 self.state[name] = {"m": torch.zeros_like(t), "v": torch.zeros_like(t)}
             else:
                 self.state[name] = {}
@@ -65,7 +63,7 @@ class ShardOptimizer:
         elif spec.kind is OptimizerKind.ADAGRAD:
             acc = state["sum"][index] + grad * grad
             state["sum"][index] = acc
-            param[index] = p - spec.lr * grad / (acc.sqrt() + 1e-10)
+            param[index] = p - spec.lr * grad / (acc.sqrt() + spec.epsilon)
         else:
             b1, b2 = spec.betas
             t = self.steps[name]
@@ -73,11 +71,11 @@ class ShardOptimizer:
             v = state["v"][index] * b2 + (1 - b2) * grad * grad
             state["m"][index], state["v"][index] = m, v
             if rows is None:  # torch.optim.Adam
-                denom = v.sqrt() / math.sqrt(1 - b2**t) + spec.eps
+                denom = v.sqrt() / math.sqrt(1 - b2**t) + spec.epsilon
                 param[index] = p - (spec.lr / (1 - b1**t)) * m / denom
             else:  # torch.optim.SparseAdam: eps added before the bias correction
                 size = spec.lr * math.sqrt(1 - b2**t) / (1 - b1**t)
-                param[index] = p - size * m / (v.sqrt() + spec.eps)
+                param[index] = p - size * m / (v.sqrt() + spec.epsilon)
 
     def state_dict(self) -> dict:
         return {"state": self.state, "steps": self.steps}

@@ -5,11 +5,8 @@ from __future__ import annotations
 import warnings
 
 from unipar.errors import ConfigError
+from unipar.plan.sync_cost import WORTH_SERVING_SHARE
 from unipar.ps.partition import TensorInfo
-
-# Below this share of the parameters in embedding tables, sparse pulls save little over
-# an all-reduce of everything (the dense part dominates the bytes either way).
-WORTH_SERVING_SHARE = 0.5
 
 
 def check_worth_serving(tensors: list[TensorInfo], *, serve_dense: bool) -> None:

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
 
 from unipar.adapt.config import AdaptiveBatch, LRRule
 from unipar.adapt.lr import default_rule
@@ -44,6 +46,7 @@ from unipar.adapt.state import AdaptState, AdaptStats, BatchShape
 from unipar.data.sampler import SampleStream
 from unipar.job import Job
 from unipar.plan import Plan
+from unipar.runtime.checkpoint import STATE_FILE
 
 DOUBLE = torch.float64
 
@@ -72,8 +75,6 @@ class _LocalSquares:
 
 def _ddp_hook(squares, bucket):  # type: ignore[no-untyped-def]
     """(No annotations: DDP checks them, and this module's are strings.)"""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
     buffer = bucket.buffer()
     squares.add(buffer)
     if squares.riders is None or not bucket.is_last():
@@ -98,7 +99,7 @@ def _ddp_hook(squares, bucket):  # type: ignore[no-untyped-def]
 
 
 def _reduce_scatter(squares: _LocalSquares) -> Any:
-    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter  # noqa: PLC0415 (heavy: torch.distributed.fsdp)
 
     class NormedReduceScatter(ReduceScatter):
         """FSDP2's reduce-scatter that adds the local gradient's squares first: FSDP
@@ -125,8 +126,7 @@ def _reduce_scatter(squares: _LocalSquares) -> Any:
 
 
 def _install_hooks(parts: list[nn.Module], squares: _LocalSquares) -> None:
-    from torch.distributed.fsdp import FSDPModule
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415 (heavy: torch.distributed.fsdp)
 
     for part in parts:
         if isinstance(part, DistributedDataParallel):
@@ -138,8 +138,6 @@ def _install_hooks(parts: list[nn.Module], squares: _LocalSquares) -> None:
 
 def _plain_ddp(parts: list[nn.Module], plan: Plan) -> bool:
     """Data parallelism by DDP alone: one DDP module over the whole world's replicas."""
-    from torch.nn.parallel import DistributedDataParallel
-
     mesh = plan.mesh
     return (
         len(parts) == 1
@@ -295,19 +293,14 @@ class AdaptiveStep:
         return stats
 
 
-def check_adaptive_loss(job: Job) -> None:
+def check_adaptive_loss(job: Job, meta_model: nn.Module, inputs: Any, targets: Any) -> None:
     """Refuse, before any worker starts, a loss that is not a mean over samples: the
-    model's output shape from the meta device, random outputs of that shape and two of
-    the dataset's targets (a model or dataset that fails here is left to the workers)."""
-    from torch.utils.data import default_collate
-
-    from unipar.analysis.profile import SkipInPlaceOnMeta
-
+    output shape of ``meta_model`` (the job's model on the meta device) on two of the
+    dataset's samples (``inputs``, ``targets``), random outputs of that shape, and those
+    targets (a model that fails here is left to the workers)."""
     try:
-        dataset = job.dataset()
-        inputs, targets = default_collate([dataset[0], dataset[min(1, len(dataset) - 1)]])
-        with torch.device("meta"), SkipInPlaceOnMeta():
-            out = job.model()(inputs.to("meta"))
+        with torch.device("meta"):
+            out = meta_model(inputs.to("meta"))
         out = getattr(out, "logits", out)
         outputs = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
     except Exception:
@@ -319,8 +312,6 @@ def saved_adapt_state(checkpoint: Path | None) -> AdaptState | None:
     """The adaptive batch's state a checkpoint was written with (None: none there)."""
     if checkpoint is None:
         return None
-    from unipar.runtime.checkpoint import STATE_FILE
-
     data = json.loads((Path(checkpoint) / STATE_FILE).read_text()).get("adaptive")
     return None if data is None else AdaptState.from_dict(data)
 
@@ -329,7 +320,7 @@ ADAPT_FILE = "unipar_adapt.json"  # the adaptive state inside an in-memory snaps
 
 
 def with_adapt_state(part: Any, adapt: AdaptiveStep | None) -> Any:
-    """A snapshot part (:class:`~unipar.runtime.snapshot.SnapshotPart`) that also holds
+    """A snapshot part (:class:`~unipar.runtime.elastic.snapshot.SnapshotPart`) that also holds
     the adaptive batch's state (the same on every rank)."""
     if adapt is None:
         return part

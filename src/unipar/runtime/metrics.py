@@ -35,13 +35,17 @@ class StepMetrics:
     partial: bool = False
     # The adaptive batch's figures (a job with ``adaptive``), the same on every rank.
     adapt: AdaptStats | None = None
+    # The cost model's step time for the plan this step ran under (None: not predicted).
+    predicted_step_s: float | None = None
 
 
 class StepAggregator:
-    """Joins the workers' reports of each step into one :class:`StepMetrics`."""
+    """Joins the workers' reports of each step into one :class:`StepMetrics`, with the
+    prediction of the plan they ran under (``predicted_step_s``)."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, predicted_step_s: float | None = None) -> None:
         self.world_size = world_size
+        self.predicted_step_s = predicted_step_s
         self._pending: dict[int, list[StepReport]] = defaultdict(list)
 
     def add(self, reports: list[StepReport], attempt: int) -> list[StepMetrics]:
@@ -51,14 +55,17 @@ class StepAggregator:
             group = self._pending[report.step]
             if len(group) == self.world_size:
                 del self._pending[report.step]
-                complete.append(_joined(group, attempt))
+                complete.append(_joined(group, attempt, self.predicted_step_s))
         return sorted(complete, key=lambda m: m.step)
 
     def flush_below(self, step: int, attempt: int) -> list[StepMetrics]:
         """The incomplete steps before ``step`` from the reports that arrived (some rank
         committed them and then died before reporting)."""
         done = [s for s in self._pending if s < step]
-        complete = [_joined(self._pending.pop(s), attempt, partial=True) for s in sorted(done)]
+        predicted = self.predicted_step_s
+        complete = [
+            _joined(self._pending.pop(s), attempt, predicted, partial=True) for s in sorted(done)
+        ]
         self._pending.clear()
         return complete
 
@@ -66,7 +73,9 @@ class StepAggregator:
         self._pending.clear()
 
 
-def _joined(group: list[StepReport], attempt: int, *, partial: bool = False) -> StepMetrics:
+def _joined(
+    group: list[StepReport], attempt: int, predicted: float | None, *, partial: bool = False
+) -> StepMetrics:
     seconds = max(r.seconds for r in group)
     tokens = sum(r.tokens for r in group)
     return StepMetrics(
@@ -82,6 +91,7 @@ def _joined(group: list[StepReport], attempt: int, *, partial: bool = False) -> 
         sample_ids=tuple(i for r in sorted(group, key=lambda r: r.rank) for i in r.sample_ids),
         partial=partial,
         adapt=group[0].adapt,
+        predicted_step_s=predicted,
     )
 
 
@@ -110,8 +120,12 @@ class MetricsWriter:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._tensorboard is not None:
-            for name in ("loss", "lr", "tokens_per_s"):
+            for name in ("loss", "lr", "tokens_per_s", "step_time_s"):
                 self._tensorboard.add_scalar(name, getattr(metrics, name), metrics.step)
+            if metrics.predicted_step_s is not None:
+                self._tensorboard.add_scalar(
+                    "predicted_step_s", metrics.predicted_step_s, metrics.step
+                )
             if metrics.adapt is not None:
                 for name in ADAPT_CURVES:
                     value = getattr(metrics.adapt, name)
@@ -135,7 +149,7 @@ class MetricsWriter:
 
 def _tensorboard_writer(directory: Path) -> Any:
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 (optional: tensorboard)
     except ImportError:  # tensorboard is optional: pip install tensorboard
         return None
     return SummaryWriter(log_dir=str(directory))

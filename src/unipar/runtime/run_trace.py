@@ -4,27 +4,33 @@ cost model's prediction of the same plan on the same (live) cluster, written by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from unipar.job import Job
+from unipar.analysis.profile import ModelProfile
 from unipar.plan import Plan
+from unipar.ray_cluster.live import live_cluster_spec
 from unipar.runtime.config import RunConfig
-from unipar.runtime.tracing import TraceRecord
+from unipar.viz.records import TraceRecord
 from unipar.viz.trace import TraceOutputs, predicted_run_timeline, write_trace
 
 
 def write_run_trace(
-    job: Job, plan: Plan, config: RunConfig, records: Sequence[TraceRecord], run_dir: Path
+    profile: Callable[[], ModelProfile],
+    plan: Plan,
+    config: RunConfig,
+    records: Sequence[TraceRecord],
+    run_dir: Path,
 ) -> TraceOutputs:
     """``run_dir/trace.json`` and ``timeline.png``; measured vs predicted per component
     in the outputs' summary. Needs the connected Ray cluster (its devices price the
-    prediction). A model the analysis cannot take is drawn measured only, saying why."""
+    prediction). ``profile`` gives the analysis of the job's model (the preflight's); a
+    model the analysis cannot take is drawn measured only, saying why."""
     predicted, missing = None, ""
     try:
-        predicted = predicted_run_timeline(job, plan, _cluster(config, plan))
+        predicted = predicted_run_timeline(profile(), plan, _cluster(config, plan))
     except Exception as error:  # the analysis of an arbitrary model: report, keep the trace
         missing = f"no prediction for this model ({type(error).__name__}: {error})"
     stages = plan.mesh.pp * plan.virtual_stages
@@ -33,8 +39,6 @@ def write_run_trace(
 
 
 def _cluster(config: RunConfig, plan: Plan) -> Any:
-    from unipar.cluster.live import live_cluster_spec
-
     return live_cluster_spec(
         plan.mesh.world_size,
         cpus_per_worker=config.cpus_per_worker,

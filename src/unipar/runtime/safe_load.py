@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import (
     DefaultLoadPlanner,
@@ -126,9 +127,7 @@ def _load_bytes_safely(planner: DefaultLoadPlanner, read_item: ReadItem, value: 
     loaded = safe_torch_load(value)
     fqn = read_item.dest_index.fqn
     if planner.flatten_state_dict:
-        from torch.distributed.checkpoint._traverse import set_element
-
-        set_element(planner.original_state_dict, planner.mappings[fqn], loaded)
+            set_element(planner.original_state_dict, planner.mappings[fqn], loaded)
     else:
         planner.state_dict[fqn] = loaded
 

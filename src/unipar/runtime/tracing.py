@@ -1,6 +1,7 @@
 """Measured step timelines: when each micro-batch's forward and backward, the gradient
 sync and the optimizer start and end on each rank. No Ray, no drawing here
-(:mod:`unipar.viz.trace` turns the records into ``trace.json`` and pictures).
+(:mod:`unipar.viz.trace` turns the records, :mod:`unipar.viz.records`, into
+``trace.json`` and pictures).
 
 Off by default, and then it costs nothing: nothing is wrapped or hooked, the training
 code holds ``None`` instead of a tracer. On, it wraps this rank's own pipeline stage
@@ -17,35 +18,13 @@ import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from unipar.errors import ConfigError
+from unipar.viz.records import TracedAction, TraceRecord
 
-
-class TracedAction(Enum):
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    GRAD_SYNC = "grad sync"
-    OPTIMIZER = "optimizer"
-
-
-@dataclass(frozen=True)
-class TraceRecord:
-    rank: int  # pipeline rank
-    stage: int
-    action: TracedAction
-    microbatch: int | None
-    step: int
-    start_ns: int
-    end_ns: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**vars(self), "action": self.action.value}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TraceRecord:
-        return cls(**{**data, "action": TracedAction(data["action"])})
+# torch is imported where CUDA events are made: the command line checks --trace with
+# traced_steps, which needs no torch.
 
 
 def traced_steps(trace_steps: int, first_step: int, last_step: int) -> range:
@@ -66,6 +45,24 @@ class TraceBatch:
     """One rank's records of the traced steps, sent to the driver once they are over."""
 
     records: tuple[TraceRecord, ...]
+
+
+# Every run of at least LEARNING_MIN_STEPS steps traces its last LEARNING_TRACE_STEPS, so
+# that the planner learns its forward and optimizer times (:mod:`unipar.runtime.learn`);
+# nothing is written unless ``trace_steps`` asked for it.
+LEARNING_TRACE_STEPS = 5
+LEARNING_MIN_STEPS = 20
+
+
+def steps_traced(trace_steps: int | None, job: Any) -> int | None:
+    """How many of the last steps a run of ``job`` traces: ``trace_steps`` (``--trace``)
+    if given; else :data:`LEARNING_TRACE_STEPS` where the run is long enough for the
+    planner to learn from (:data:`LEARNING_MIN_STEPS`, a fixed batch); else none."""
+    if trace_steps is not None:
+        return trace_steps
+    if job.adaptive is None and job.steps >= LEARNING_MIN_STEPS:
+        return LEARNING_TRACE_STEPS
+    return None
 
 
 def trace_window(trace_steps: int | None, start: int, steps: int) -> range | None:
@@ -103,7 +100,7 @@ class StepTracer:
     def begin_step(self, step: int) -> None:
         self.step = step if step in self.steps else None
         if self._cuda and self.recording:
-            import torch
+            import torch  # noqa: PLC0415 (heavy: torch)
 
             self._anchor = torch.cuda.Event(enable_timing=True)
             self._anchor.record()
@@ -119,7 +116,7 @@ class StepTracer:
 
     def _start(self) -> Any:
         if self._cuda:
-            import torch
+            import torch  # noqa: PLC0415 (heavy: torch)
 
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -128,7 +125,7 @@ class StepTracer:
 
     def _finish(self, started: Any, action: TracedAction, stage: int, mb: int | None) -> None:
         if self._cuda:
-            import torch
+            import torch  # noqa: PLC0415 (heavy: torch)
 
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -140,7 +137,7 @@ class StepTracer:
         self.records.append(TraceRecord(self.rank, stage, action, mb, step, started, end_ns))
 
     def _resolve_cuda(self) -> None:
-        import torch
+        import torch  # noqa: PLC0415 (heavy: torch)
 
         torch.cuda.synchronize()
         step = self.step

@@ -7,13 +7,13 @@ The controller runs one :class:`Trainer` per worker process; a single process wi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import default_collate
 
 from unipar.adapt.state import AdaptState, AdaptStats
@@ -23,9 +23,10 @@ from unipar.job import Job
 from unipar.plan import Plan
 from unipar.runtime.adaptive import AdaptiveStep, saved_adapt_state
 from unipar.runtime.checkpoint import load_checkpoint, read_checkpoint, save_checkpoint
-from unipar.runtime.clipping import clip_grad_norm
-from unipar.runtime.distributed_optimizer import build_optimizer
-from unipar.runtime.parallelize import parallelize
+from unipar.runtime.parallel.clipping import clip_grad_norm
+from unipar.runtime.parallel.data import apply_ddp
+from unipar.runtime.parallel.distributed_optimizer import build_optimizer
+from unipar.runtime.parallel.parallelize import ParallelModel, parallelize
 from unipar.runtime.tracing import (
     Attachment,
     StepTracer,
@@ -164,11 +165,6 @@ class Trainer:
         """Continue ``previous``'s model and optimizers (a replica at ``step`` under a
         replicated plan) under this trainer's replicated plan: the same parameters, only
         re-wrapped for the new process group; nothing is built, copied or loaded."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        from unipar.runtime.data_parallel import apply_ddp
-        from unipar.runtime.parallelize import ParallelModel
-
         self.dataset = previous.dataset
         module = previous.model.parts[0]
         if isinstance(module, DistributedDataParallel):
@@ -302,22 +298,6 @@ class Trainer:
             },
             keep=self.checkpoints.keep,
         )
-
-    def train(self) -> Generator[StepReport | TraceBatch, None, TrainOutcome]:
-        """Run from ``start_step`` to ``job.steps``, yielding each step's report as it
-        ends (and the traced steps' records after the last of them); checkpoint every
-        ``checkpoints.every`` steps and at the end."""
-        final, done = None, self.start_step
-        while not self.done(done):
-            yield self.run_step(done)
-            done += 1
-            if (batch := self.take_trace(done)) is not None:
-                yield batch
-            if self.done(done) or self.checkpoint_due(done):
-                final = self.save(done)
-        if dist.is_initialized():
-            dist.barrier()
-        return TrainOutcome(last_step=done, final_checkpoint=final)
 
     def checkpoint_due(self, step: int) -> bool:
         """Whether the ``step`` steps done end on a checkpoint: every ``checkpoints.every``

@@ -92,8 +92,8 @@ def _dynamic(cost, kinds, gpus, capacity) -> np.ndarray | None:
 def _relaxed(cost, kinds, gpus, capacity) -> np.ndarray | None:
     """The LP relaxation (HiGHS), whose optimum has at most one fractional job per type,
     then those jobs placed where they fit best."""
-    from scipy.optimize import Bounds, LinearConstraint, milp  # deferred: scipy is heavy
-    from scipy.sparse import csr_matrix
+    from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415 (heavy: scipy)
+    from scipy.sparse import csr_matrix  # noqa: PLC0415 (heavy: scipy)
 
     jobs, cols = np.nonzero(np.isfinite(cost))
     n, m, types = len(jobs), len(cost), len(capacity)

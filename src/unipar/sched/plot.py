@@ -12,10 +12,10 @@ from unipar.sched.results import SimResult
 
 def _pyplot():
     try:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 (heavy: matplotlib, the plot extra)
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # noqa: PLC0415 (heavy: matplotlib, the plot extra)
     except ImportError:
         raise ConfigError(
             "writing pictures needs matplotlib: pip install 'unipar[plot]' "

@@ -47,16 +47,17 @@ _EPS = 1e-8
 
 class _Models:
     """Observations by key, first report kept, and the model fitted on them (Pollux's
-    runtime's fit, :func:`unipar.goodput.fit_log.fit_log`) when asked after a new one.
+    runtime's fit, :func:`unipar.goodput.fit_log.fit_log`, from the last fit).
 
-    ``pooled``: many jobs report into it; it is refitted only for a new spread (nodes,
-    GPUs) or a quarter more observations, which bounds its fits to a few per spread.
+    AdaptDL refits on every new report; here the model is refitted only for a new spread
+    (nodes, GPUs) or a quarter more observations than the last fit had: later reports
+    differ only in the per-GPU batch, and a quarter more of them moves the fit little,
+    while fits were most of the simulation's time.
     """
 
-    def __init__(self, pooled: bool = False) -> None:
+    def __init__(self) -> None:
         self.observed: dict[tuple, Observation] = {}
         self.seen = 0
-        self.pooled = pooled
         self._model: ThroughputModel | None = None
         self._spreads: set[tuple[int, int]] = set()
         self._fitted_on = 0
@@ -68,15 +69,14 @@ class _Models:
         self.observed[key] = obs
         self.seen = max(self.seen, obs.replicas)
         spread = (obs.nodes, obs.replicas)
-        if not self.pooled or spread not in self._spreads or \
-                len(self.observed) >= 1.25 * self._fitted_on:
+        if spread not in self._spreads or len(self.observed) >= 1.25 * self._fitted_on:
             self._dirty = True
         self._spreads.add(spread)
 
     @property
     def model(self) -> ThroughputModel | None:
         if self._dirty:
-            self._model = fit_log(list(self.observed.values()))
+            self._model = fit_log(list(self.observed.values()), start=self._model)
             self._fitted_on = len(self.observed)
             self._dirty = False
         return self._model
@@ -227,7 +227,7 @@ class _Job:
         obs = Observation(nodes, k, self.local_bsz, step, sync)
         self.own.setdefault(gpu_type, _Models()).add(key, obs)
         self.merged.add(key, obs)
-        pools.setdefault((self.app.name, gpu_type), _Models(pooled=True)).add(key, obs)
+        pools.setdefault((self.app.name, gpu_type), _Models()).add(key, obs)
 
 
 def _check(allocs: dict[str, TypedAllocation], jobs: dict[str, _Job],
@@ -274,7 +274,28 @@ def simulate_typed(
     cluster: TypedCluster,
     config: TypedSimConfig = TypedSimConfig(),
 ) -> TypedRun:
-    """Run ``specs`` under ``policy`` on ``cluster`` until every job is done."""
+    """Run ``specs`` under ``policy`` on ``cluster`` until every job is done.
+
+    BLAS runs on one thread meanwhile: the model fits are of 7 parameters, on which
+    OpenBLAS's threads only contend (on 2 busy cores the fits took 9x the CPU)."""
+    with _one_blas_thread():
+        return _simulate(specs, applications, policy, cluster, config)
+
+
+def _one_blas_thread():
+    """A context that keeps BLAS (numpy's and scipy's) on one thread."""
+    try:
+        import scipy.optimize  # noqa: F401, PLC0415 (heavy: scipy, the sched extra; loaded first so its BLAS is limited too)
+        from threadpoolctl import threadpool_limits  # noqa: PLC0415 (the sched extra)
+    except ImportError:
+        raise ConfigError(
+            "simulating a cluster of several GPU types needs scipy and threadpoolctl: "
+            "pip install 'unipar[sched]'"
+        ) from None
+    return threadpool_limits(1, user_api="blas")
+
+
+def _simulate(specs, applications, policy, cluster, config) -> TypedRun:
     types = cluster.type_names
     jobs = {s.name: _Job(s, applications[s.application]) for s in specs}
     pending = sorted(jobs.values(), key=lambda j: j.spec.submit_time)

@@ -65,8 +65,8 @@ class TypeTrace:
     @functools.cached_property
     def _interpolators(self):
         # scipy is imported here only: the typed simulator's ground truth needs it
-        from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
-        from scipy.spatial import QhullError
+        from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator  # noqa: PLC0415 (heavy: scipy)
+        from scipy.spatial import QhullError  # noqa: PLC0415 (heavy: scipy)
 
         nearest = NearestNDInterpolator(self.points, self.values)
         try:

@@ -23,8 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from unipar import validate
+from unipar import checks
 from unipar.errors import ConfigError, ResourceError, UniparError
+from unipar.ray_cluster.address import check_address
+from unipar.ray_cluster.session import start_ray
+from unipar.runtime.config import RunConfig, submit_fields, worker_range
 from unipar.sched.policies import PolicyName
 from unipar.service.decide import worker_sizes
 from unipar.service.scheduler import NAMESPACE, SCHEDULER_NAME, Scheduler, cluster_slots, head
@@ -35,8 +38,6 @@ if TYPE_CHECKING:
 
 DEFAULT_STATE_DIR = Path.home() / ".unipar"
 DEFAULT_INTERVAL_S = 10.0
-# ``fit`` options a submitted job may set; the service sets the others.
-FIT_OPTIONS = ("checkpoint_every", "keep_checkpoints", "max_failures", "snapshot_every")
 _RELATIVE = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -74,9 +75,9 @@ def _stamp(when: float) -> str:
 
 
 def check_workers(workers: int | tuple[int, int]) -> tuple[int, int]:
-    least, most = validate.worker_range(workers)
-    most = validate.integer("workers", most, minimum=1)
-    least = most if least is None else validate.integer("the fewest workers", least, minimum=1)
+    least, most = worker_range(workers)
+    most = checks.integer("workers", most, minimum=1)
+    least = most if least is None else checks.integer("the fewest workers", least, minimum=1)
     if least > most:
         raise ConfigError(
             f"the fewest workers must not exceed the most, but got {least}:{most}; pass "
@@ -91,8 +92,6 @@ def check_workers(workers: int | tuple[int, int]) -> tuple[int, int]:
 def connect(address: str | None = None, state_dir: Path | None = None) -> None:
     """Join the cluster: this process's Ray, else ``address``, else the one ``unipar up``
     recorded in ``state_dir``."""
-    from unipar.ray_session import start_ray
-
     if ray.is_initialized():
         return
     recorded = (state_dir or DEFAULT_STATE_DIR) / "cluster"
@@ -104,7 +103,7 @@ def connect(address: str | None = None, state_dir: Path | None = None) -> None:
                 "pass --address HOST:PORT of a cluster where it ran"
             )
         address = recorded.read_text().strip()
-    validate.check_address(address)
+    check_address(address)
     try:
         start_ray(address)
     except ResourceError as error:
@@ -146,7 +145,7 @@ def up(
     machine with ``ray start --head``); a scheduler already up is left as it is."""
     state = Path(state_dir or DEFAULT_STATE_DIR).expanduser().resolve()
     policy = PolicyName(policy)
-    validate.number("interval_s", interval_s, minimum=0.05)
+    checks.number("interval_s", interval_s, minimum=0.05)
     if not ray.is_initialized():
         if address is None:
             address = _start_head(port, num_cpus)
@@ -233,20 +232,16 @@ def submit(
     **fit_options: Any,
 ) -> JobHandle:
     """Queue ``job`` on the shared cluster; the scheduler sizes it within ``workers``."""
-    from unipar.job import Job
+    # the shared cluster's commands (jobs, logs, cancel) run without torch, which a Job needs
+    from unipar.job import Job  # noqa: PLC0415 (heavy: torch)
 
     if not isinstance(job, Job):
         raise ConfigError(f"submit takes a unipar.Job, but got {type(job).__name__}")
     least, most = check_workers(workers)
     sizes = worker_sizes(least, most, job.global_batch_size)
-    validate.integer("priority", priority)
+    checks.integer("priority", priority)
     when = parse_deadline(deadline)
-    unknown = sorted(set(fit_options) - set(FIT_OPTIONS))
-    if unknown:
-        raise ConfigError(
-            f"submit passes only {', '.join(FIT_OPTIONS)} on to fit, but got {unknown}; the "
-            "scheduler sets the workers, the run directory and the size"
-        )
+    _preflight(job, least, most, fit_options)
     connect(address, Path(state_dir) if state_dir else None)
     actor = scheduler()
     slots = cluster_slots()
@@ -262,6 +257,21 @@ def submit(
     )
     blob = ray.cloudpickle.dumps((ray.cloudpickle.dumps(job), fit_options))
     return JobHandle(call(actor.submit.remote(row, blob)))
+
+
+def _preflight(job: Job, least: int, most: int, fit_options: dict[str, Any]) -> None:
+    """What the job's ``fit`` on the cluster would refuse, refused before it is queued:
+    only the run settings marked for submitted jobs pass (the scheduler sets the others)."""
+    from unipar.runtime.preflight import preflight  # noqa: PLC0415 (heavy: torch)
+
+    allowed = submit_fields()
+    unknown = sorted(set(fit_options) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"submit passes only {', '.join(allowed)} on to fit, but got {unknown}; the "
+            "scheduler sets the workers, the run directory and the size"
+        )
+    preflight(job, RunConfig(workers=(least, most), **fit_options))
 
 
 def jobs() -> list[JobRow]:

@@ -2,7 +2,7 @@
 
 The scheduler starts one detached, named runner per job on the head node; the runner's
 thread runs :func:`unipar.fit` with an elastic worker range and a
-:class:`~unipar.runtime.size_target.SizeTarget` the scheduler sets, and collects what
+:class:`~unipar.runtime.elastic.size_target.SizeTarget` the scheduler sets, and collects what
 the scheduler reads each round (:mod:`unipar.service.ledger`): steps of batch M0 done,
 workers, seconds per step at each size, resizes.
 The training workers belong to the runner's process, so they outlive a scheduler that
@@ -11,14 +11,18 @@ dies (the runner is detached) and go with the runner when a job is cancelled.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from unipar.runtime.controller import Callback
-from unipar.runtime.size_target import SizeTarget
+import ray.cloudpickle
+
+from unipar.runtime.callbacks import Callback
+from unipar.runtime.elastic.size_target import SizeTarget
+from unipar.runtime.run import fit
 from unipar.service.ledger import RunnerStatus, StepLedger
 
 
@@ -31,8 +35,6 @@ class JobRunner:
         thread: a call to start it would be owned by the scheduler that made it, and lost
         with that scheduler's process if it died before the runner's process was up (the
         runner is detached; its creation outlives its creator)."""
-        import ray.cloudpickle
-
         self.job_id = job_id
         self.job = ray.cloudpickle.loads(job)
         self.options = options
@@ -64,8 +66,6 @@ class JobRunner:
             return self.status_.copy()
 
     def pid(self) -> int:
-        import os
-
         return os.getpid()
 
     # -- in the runner's thread -----------------------------------------------------------
@@ -76,8 +76,6 @@ class JobRunner:
             log.write(f"{stamp} {text}\n")
 
     def _run(self, workers: tuple[int, int]) -> None:
-        from unipar.runtime.fit import fit
-
         least, most = workers
         try:
             self._log(f"job {self.job_id} ({self.job.name}): {self.job.steps} steps on "

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import ray.cloudpickle
 from ray.autoscaler.sdk import request_resources
 from ray.exceptions import ActorAlreadyExistsError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from unipar.errors import ConfigError
-from unipar.runtime.gang import PROCESS_LOST, constructor_error
+from unipar.ray_cluster.supervisor import PROCESS_LOST, constructor_error
 from unipar.sched.policies import PolicyName, make_policy
 from unipar.service.decide import ResizeCost, targets, useful_workers
 from unipar.service.state import JobRow, JobState, Store
@@ -251,7 +252,8 @@ class Scheduler:
             self._end(row, JobState.FAILED, f"failed: {status.error}", error=status.error)
 
     def _start(self, row: JobRow, count: int) -> None:
-        from unipar.service.runner import JobRunner
+        # the runner trains (torch); the scheduler, and the client that reads it, do not
+        from unipar.service.runner import JobRunner  # noqa: PLC0415 (heavy: torch)
 
         log = self._log_path(row.id)
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -314,8 +316,6 @@ class RunnerLost:
 def _load(blob: bytes) -> tuple[bytes, dict[str, Any]]:
     """The pickled job (left pickled: the scheduler never imports torch) and its ``fit``
     options, as :func:`unipar.service.client.submit` stored them."""
-    import ray.cloudpickle
-
     return ray.cloudpickle.loads(blob)
 
 

@@ -14,13 +14,29 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ray import tune as ray_tune
+from ray.tune.logger import TBXLoggerCallback
+from ray.tune.search import ConcurrencyLimiter
+from ray.tune.stopper import CombinedStopper, FunctionStopper
+
 from unipar.errors import ConfigError
+from unipar.job import Job
+from unipar.job_file import user_code_error
+from unipar.ray_cluster.session import ray_session, require_resources
+from unipar.runtime.config import RunConfig
+from unipar.runtime.preflight import preflight
 from unipar.tuning.choices import (
     SchedulerKind,
     SearcherKind,
     build_scheduler,
     build_searcher,
     parse_kind,
+)
+from unipar.tuning.optuna_driver import (
+    OptunaDriver,
+    OptunaPruning,
+    OptunaSearcher,
+    optuna_distributions,
 )
 from unipar.tuning.report import (
     LiveProgress,
@@ -32,7 +48,7 @@ from unipar.tuning.report import (
     write_results,
 )
 from unipar.tuning.space import SearchSpace, load_space
-from unipar.tuning.trainable import REPORTED, MakeJob, TrialSettings, gang_resources, run_trial
+from unipar.tuning.trainable import REPORTED, MakeJob, gang_resources, run_trial
 from unipar.viz.draw import require_plot_extra
 
 
@@ -93,10 +109,6 @@ def tune(
     table and ``results.json`` are written first either way. ``seed``: the searcher's
     sampling (the same seed samples the same configs); ``max_concurrent``: trials at once
     (None: as many as the cluster holds)."""
-    from ray import tune as ray_tune
-
-    from unipar.ray_session import ray_session
-
     space_ = load_space(space)
     searcher_kind = parse_kind(SearcherKind, searcher, "searcher")
     scheduler_kind = parse_kind(SchedulerKind, scheduler, "scheduler")
@@ -107,26 +119,17 @@ def tune(
         )
     _check_pairing(searcher_kind, scheduler_kind)
     if searcher_kind is SearcherKind.OPTUNA:  # a space Optuna cannot sample fails now
-        from unipar.tuning.optuna_driver import optuna_distributions
-
         optuna_distributions(space_)
     if plot:
         require_plot_extra()  # the curves are drawn at the end: say so before any trial
     job = _first_job(make_job, space_)
-    _check_trial_run(job, plan, workers_per_trial, cpus_per_worker, gpus_per_worker)
+    settings = _trial_settings(
+        job, plan, workers_per_trial, cpus_per_worker, gpus_per_worker, max_failures
+    )
     most_steps = _most_steps(make_job, space_, job.steps)  # a searched `steps` varies it
     name = name or f"{job.name}-tune"
     experiment = Path(storage_path).resolve() / name
-    settings = TrialSettings(
-        workers=workers_per_trial,
-        plan=plan,
-        cpus_per_worker=cpus_per_worker,
-        gpus_per_worker=gpus_per_worker,
-        max_failures=max_failures,
-    )
     with ray_session(address):
-        from unipar.ray_session import require_resources
-
         require_resources(
             {"CPU": cpus_per_worker, "GPU": gpus_per_worker}, workers_per_trial, "worker per trial"
         )
@@ -179,16 +182,21 @@ def _check_settings(
         )
 
 
-def _check_trial_run(job: Any, plan: Any, workers: int, cpus: float, gpus: float) -> None:
-    """What each trial's ``fit`` would refuse, refused once before any trial starts."""
-    from unipar.plan import Plan
-    from unipar.runtime.config import RunConfig
-    from unipar.validate import check_fit_inputs, check_plan_for_run
-
-    check_fit_inputs(job, plan, (), None)
-    RunConfig(workers=workers, cpus_per_worker=cpus, gpus_per_worker=gpus)  # checks them
-    if isinstance(plan, Plan):
-        check_plan_for_run(plan, workers, job.global_batch_size)
+def _trial_settings(
+    job: Any, plan: Any, workers: int, cpus: float, gpus: float, max_failures: int
+) -> RunConfig:
+    """Every trial's run settings, and what each trial's ``fit`` would refuse, refused
+    once before any trial starts (the preflight of the first job)."""
+    settings = RunConfig(
+        workers=workers,
+        plan=plan,
+        cpus_per_worker=cpus,
+        gpus_per_worker=gpus,
+        max_failures=max_failures,
+        progress=False,
+    )
+    preflight(job, settings)
+    return settings
 
 
 def _check_pairing(searcher: SearcherKind, scheduler: SchedulerKind) -> None:
@@ -209,9 +217,6 @@ def _first_job(make_job: MakeJob, space: SearchSpace) -> Any:
 
 
 def _built(make_job: MakeJob, config: dict[str, Any]) -> Any:
-    from unipar.job import Job
-    from unipar.job_file import user_code_error
-
     try:
         job = make_job(config)
     except Exception as error:
@@ -240,8 +245,6 @@ def _refuse_overwrite(experiment: Path) -> None:
 
 
 def _restore(experiment: Path, trainable: Any) -> Any:
-    from ray import tune as ray_tune
-
     if not ray_tune.Tuner.can_restore(str(experiment)):
         raise ConfigError(
             f"cannot resume: {experiment} holds no Tune experiment; run without resume first"
@@ -270,18 +273,10 @@ def _new_tuner(
     progress: bool,
     perturbation_steps: int,
 ) -> Any:
-    from ray import tune as ray_tune
-    from ray.tune.logger import TBXLoggerCallback
-    from ray.tune.stopper import CombinedStopper, FunctionStopper
-
     # A trial that reached its job's last step is done: no scheduler may pause it then.
     stops: list[Any] = [FunctionStopper(_at_last_step)]
     param_space = space.tune_space()
     if searcher_kind is SearcherKind.OPTUNA:
-        from ray.tune.search import ConcurrencyLimiter
-
-        from unipar.tuning.optuna_driver import OptunaDriver, OptunaPruning, OptunaSearcher
-
         driver = OptunaDriver(space, metric=metric, mode=mode, seed=seed, pruner=pruner)
         search_alg: Any = OptunaSearcher(driver)
         if max_concurrent is not None:

@@ -1,5 +1,6 @@
-"""Each parameter in the form a backend samples: a Ray Tune domain, an Optuna
-distribution, a HyperOpt expression. Each samples the values and the scale of Ray Tune's
+"""Each parameter in the form a backend samples: an Optuna distribution, a HyperOpt
+expression (and a Ray Tune domain, :meth:`~unipar.tuning.space.Param.tune_domain`). Each
+samples the values and the scale of Ray Tune's
 sampler of the same name (``ray.tune.search.sample``): the same bounds (an integer
 range's upper bound excluded, a quantized one's included unless q = 1), the multiples of
 q, and a log scale where Tune's is.
@@ -20,22 +21,10 @@ from unipar.tuning.space import INTS, NORMALS, Param, ParamKind
 _INDEXED = (ParamKind.QLOGUNIFORM, ParamKind.QLOGRANDINT)  # Optuna samples their index
 
 
-def tune_domain(p: Param) -> Any:
-    from ray import tune
-
-    if p.kind is ParamKind.CHOICE:
-        return tune.choice(list(p.values))
-    if p.kind is ParamKind.GRID:
-        return tune.grid_search(list(p.values))
-    if p.kind is ParamKind.CONSTANT:
-        return p.values[0]
-    return getattr(tune, p.kind.value)(*p.values)
-
-
 def optuna_distribution(p: Param) -> Any:
     """Optuna's distribution for ``p`` (None for a constant)."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution
-    from optuna.distributions import IntDistribution as Int
+    from optuna.distributions import CategoricalDistribution, FloatDistribution  # noqa: PLC0415 (optional: optuna)
+    from optuna.distributions import IntDistribution as Int  # noqa: PLC0415 (optional: optuna)
 
     kind = p.kind
     if kind is ParamKind.CONSTANT:
@@ -75,8 +64,8 @@ def from_optuna(p: Param, value: Any) -> Any:
 
 def hyperopt_expression(p: Param) -> Any:
     """HyperOpt's expression for ``p`` (the value itself for a constant)."""
-    from hyperopt import hp
-    from hyperopt.pyll import scope
+    from hyperopt import hp  # noqa: PLC0415 (optional: hyperopt)
+    from hyperopt.pyll import scope  # noqa: PLC0415 (optional: hyperopt)
 
     kind, name = p.kind, p.name
     if kind is ParamKind.CONSTANT:

@@ -47,7 +47,7 @@ def build_searcher(
 ) -> Any:
     """Tune's searcher for ``kind``, seeded with ``seed`` and running at most
     ``max_concurrent`` trials at once (None: no limit)."""
-    from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
+    from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter  # noqa: PLC0415 (heavy: Ray Tune)
 
     if kind in (SearcherKind.RANDOM, SearcherKind.GRID):  # Tune's variant generator
         return BasicVariantGenerator(max_concurrent=max_concurrent or 0, random_state=seed)
@@ -58,7 +58,7 @@ def build_searcher(
         )
     if kind is SearcherKind.HYPEROPT:
         try:
-            from ray.tune.search.hyperopt import HyperOptSearch
+            from ray.tune.search.hyperopt import HyperOptSearch  # noqa: PLC0415 (optional: hyperopt)
 
             space_ = {p.name: hyperopt_expression(p) for p in space.params}
             searcher = HyperOptSearch(
@@ -85,7 +85,7 @@ def build_scheduler(
     seed: int | None,
 ) -> Any:
     """Tune's scheduler for ``kind``; time is counted in training steps (``step``)."""
-    from ray.tune import schedulers
+    from ray.tune import schedulers  # noqa: PLC0415 (heavy: Ray Tune)
 
     if kind is SchedulerKind.FIFO:
         return schedulers.FIFOScheduler()
@@ -118,12 +118,12 @@ def build_scheduler(
         p.name: list(p.values) for p in space.params if p.kind.value in ("uniform", "loguniform")
     }
     try:  # Ray's PB2 fits scikit-learn's Gaussian process (it raises RuntimeError without)
-        import sklearn  # noqa: F401
+        import sklearn  # noqa: F401, PLC0415 (optional: scikit-learn)
     except ImportError:
         raise ConfigError(
             "the pb2 scheduler needs scikit-learn, which is not installed; "
             "`pip install scikit-learn`, or use scheduler='pbt'"
         ) from None
-    from ray.tune.schedulers.pb2 import PB2
+    from ray.tune.schedulers.pb2 import PB2  # noqa: PLC0415 (optional: scikit-learn)
 
     return PB2(time_attr="step", perturbation_interval=perturbation_steps, hyperparam_bounds=bounds)

@@ -17,16 +17,15 @@ from typing import Any
 from ray.tune import Stopper
 from ray.tune.search import Searcher
 
+from unipar.errors import ConfigError
 from unipar.tuning.backends import from_optuna, optuna_distribution
 from unipar.tuning.space import ParamKind, SearchSpace
 
 
 def _optuna() -> Any:
     try:
-        import optuna
+        import optuna  # noqa: PLC0415 (optional: optuna)
     except ImportError:
-        from unipar.errors import ConfigError
-
         raise ConfigError(
             "the optuna searcher needs optuna, which is not installed; "
             "`pip install unipar[tune]` (or `pip install optuna`)"

@@ -15,6 +15,7 @@ from typing import Any
 from ray.tune import Callback
 
 from unipar.errors import TuningFailedError
+from unipar.viz.draw import pyplot
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,6 @@ def draw_curves(
     curves: dict[str, tuple[list[int], list[float], str]], metric: str, path: Path
 ) -> Path:
     """One loss curve per trial; an x marks where a stopped trial ended."""
-    from unipar.viz.draw import pyplot
-
     plt = pyplot()
     figure, axis = plt.subplots(figsize=(8, 5))
     for trial_id, (steps, values, status) in sorted(curves.items()):

@@ -22,6 +22,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from unipar.errors import ConfigError
 
 
@@ -92,9 +94,16 @@ class Param:
         return tuple(self.values)
 
     def tune_domain(self) -> Any:
-        from unipar.tuning.backends import tune_domain
+        """Ray Tune's domain of this parameter (a value for a constant)."""
+        from ray import tune  # noqa: PLC0415 (heavy: Ray Tune)
 
-        return tune_domain(self)
+        if self.kind is ParamKind.CHOICE:
+            return tune.choice(list(self.values))
+        if self.kind is ParamKind.GRID:
+            return tune.grid_search(list(self.values))
+        if self.kind is ParamKind.CONSTANT:
+            return self.values[0]
+        return getattr(tune, self.kind.value)(*self.values)
 
 
 def _index(scaled: float, round_fn: Any) -> int:
@@ -141,8 +150,6 @@ def load_space(space: Mapping[str, Any] | str | Path) -> SearchSpace:
 
 
 def _read_yaml(path: Path) -> Any:
-    import yaml
-
     if not path.is_file():
         raise ConfigError(f"the search-space file {path} does not exist; pass a YAML file")
     try:
@@ -153,7 +160,7 @@ def _read_yaml(path: Path) -> Any:
 
 
 def _param(name: str, spec: Any) -> Param:
-    from ray.tune.search.sample import Categorical, Domain
+    from ray.tune.search.sample import Categorical, Domain  # noqa: PLC0415 (heavy: Ray Tune)
 
     if isinstance(spec, Domain) and not isinstance(spec, Categorical):
         return _from_tune(name, spec)
@@ -188,7 +195,7 @@ def _param(name: str, spec: Any) -> Param:
 
 def _from_tune(name: str, domain: Any) -> Param:
     """A Ray Tune range or normal as the kind of the Tune function that makes it."""
-    from ray.tune.search.sample import Float, Integer, LogUniform, Normal, Quantized, Uniform
+    from ray.tune.search.sample import Float, Integer, LogUniform, Normal, Quantized, Uniform  # noqa: PLC0415 (heavy: Ray Tune)
 
     sampler = domain.get_sampler()
     q = sampler.q if isinstance(sampler, Quantized) else None

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ray import tune
+from ray.tune import PlacementGroupFactory
+
 from unipar.job import Job
-from unipar.runtime.controller import Callback
+from unipar.runtime.callbacks import Callback
+from unipar.runtime.checkpoint import STATE_FILE, checkpoint_name, list_checkpoints, read_checkpoint
+from unipar.runtime.config import RunConfig
 from unipar.runtime.metrics import StepMetrics
+from unipar.runtime.run import fit
 
 MakeJob = Callable[[dict[str, Any]], Job]
 
@@ -34,19 +40,8 @@ def checkpoint_plan(steps: int) -> tuple[int, int]:
     return every, -(-steps // every)  # the multiples of ``every``, and the last step
 
 
-@dataclass(frozen=True)
-class TrialSettings:
-    workers: int
-    plan: Any = None  # as fit takes it: a Plan, a strategy name, or None (data parallel)
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-    max_failures: int = 3
-
-
-def gang_resources(settings: TrialSettings) -> Any:
+def gang_resources(settings: RunConfig) -> Any:
     """The trial's resources as one gang: an empty head bundle, then one per worker."""
-    from ray.tune import PlacementGroupFactory
-
     worker = {"CPU": settings.cpus_per_worker}
     if settings.gpus_per_worker:
         worker["GPU"] = settings.gpus_per_worker
@@ -62,10 +57,6 @@ class _ReportToTune(Callback):
         self.reported: Path | None = None
 
     def on_step(self, metrics: StepMetrics, workers: Sequence[Any]) -> None:
-        from ray import tune
-
-        from unipar.runtime.checkpoint import checkpoint_name, list_checkpoints
-
         row = {k: v for k, v in asdict(metrics).items() if k in REPORTED}
         row["step"] = metrics.step + 1
         row["resumed_from"] = self.resumed_from
@@ -83,8 +74,6 @@ class _ReportToTune(Callback):
 
 def _wait_for(checkpoint: Path, timeout_s: float = 60.0) -> None:
     """Wait until the workers have written ``checkpoint`` (its state file comes last)."""
-    from unipar.runtime.checkpoint import STATE_FILE
-
     deadline = time.monotonic() + timeout_s
     while not (checkpoint / STATE_FILE).is_file() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -95,14 +84,10 @@ def _step_of(checkpoint: Path) -> int:
     return int(checkpoint.name[-8:])
 
 
-def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSettings) -> None:
+def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: RunConfig) -> None:
     """The function trainable: build the trial's job, resume from Tune's checkpoint (its
-    own after a restart, a donor's after a PBT exploit), train and report."""
-    from ray import tune
-
-    from unipar.runtime.checkpoint import read_checkpoint
-    from unipar.runtime.fit import fit
-
+    own after a restart, a donor's after a PBT exploit), train and report. ``settings``:
+    every trial's run settings (the trial sets its directories and checkpoints)."""
     job = make_job(dict(config))
     every, keep = checkpoint_plan(job.steps)
     trial_dir = Path(tune.get_context().get_trial_dir())
@@ -119,16 +104,11 @@ def run_trial(config: dict[str, Any], *, make_job: MakeJob, settings: TrialSetti
         resumed_from = read_checkpoint(local).step
     fit(
         job,
-        workers=settings.workers,
-        plan=settings.plan,
-        cpus_per_worker=settings.cpus_per_worker,
-        gpus_per_worker=settings.gpus_per_worker,
+        settings,
         run_dir=run_dir,
         checkpoint_dir=run_dir / "checkpoints",
         checkpoint_every=every,
         keep_checkpoints=keep,
         resume=resume,
-        max_failures=settings.max_failures,
-        progress=False,
         callbacks=[_ReportToTune(run_dir / "checkpoints", resumed_from, job.steps)],
     )

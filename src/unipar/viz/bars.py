@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from unipar.plan.explain import describe
 from unipar.plan.strategy_search import Candidate, SearchResult
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "reserved")
@@ -39,13 +40,9 @@ def time_bar(candidate: Candidate, label: str) -> Bar:
 def memory_bars(result: SearchResult, top: int = 4, rejected: int = 1) -> list[Bar]:
     """The ``top`` fitting plans, fastest first, then the ``rejected`` plans closest to
     fitting (least memory first)."""
-    from unipar.plan.report import describe
-
     chosen = [memory_bar(c, describe(c)) for c in result.ranked[:top]]
     return chosen + [memory_bar(c, describe(c)) for c in result.rejected[:rejected]]
 
 
 def time_bars(result: SearchResult, top: int = 4) -> list[Bar]:
-    from unipar.plan.report import describe
-
     return [time_bar(c, describe(c)) for c in result.ranked[:top]]

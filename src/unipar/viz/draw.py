@@ -39,10 +39,10 @@ def require_plot_extra() -> None:
 def pyplot() -> Any:
     """``matplotlib.pyplot`` on the Agg backend, or a clear error naming the extra."""
     require_plot_extra()
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (heavy: matplotlib, the plot extra)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (heavy: matplotlib, the plot extra)
 
     return plt
 

@@ -1,4 +1,4 @@
-"""``unipar plan --plot DIR`` / ``PlanReport.plot(DIR)``: timeline, memory and breakdown
+"""``unipar plan --plot DIR`` / ``plot_plan(report, DIR)``: timeline, memory and breakdown
 pictures of the planner's choice and its alternatives."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unipar.errors import ConfigError
+from unipar.plan.explain import describe
 from unipar.viz.bars import MEMORY_PARTS, TIME_PARTS, memory_bars, time_bars
+from unipar.viz.draw import draw_bars, draw_timelines, pyplot
 from unipar.viz.timeline import Timeline, predicted_timeline
 
 if TYPE_CHECKING:
@@ -42,8 +44,6 @@ def output_directory(directory: str | Path) -> Path:
 
 def plan_timelines(report: PlanReport) -> list[Timeline]:
     """Predicted timelines of the chosen plan and the runner-up (if any)."""
-    from unipar.plan.report import describe
-
     chosen = report.result.ranked[:2]
     names = ["chosen", "runner-up"]
     return [
@@ -53,9 +53,8 @@ def plan_timelines(report: PlanReport) -> list[Timeline]:
 
 
 def plot_plan(report: PlanReport, directory: str | Path) -> PlanPictures:
-    """Write ``timeline.png``, ``memory.png`` and ``breakdown.png`` into ``directory``."""
-    from unipar.viz.draw import draw_bars, draw_timelines, pyplot
-
+    """Write ``timeline.png``, ``memory.png`` and ``breakdown.png`` into ``directory``
+    (a path; needs ``pip install unipar[plot]``); returns their paths."""
     pyplot()  # the missing-extra error before anything is computed or written
     path = output_directory(directory)
     device = report.cluster.device

@@ -1,6 +1,7 @@
-"""``unipar report RUN_DIR``: loss, tokens/s and learning rate over samples consumed, from
-the run's ``metrics.jsonl``, with restarts and resizes marked; for an adaptive batch also
-the global batch, noise scale, statistical efficiency and predicted goodput."""
+"""``unipar report RUN_DIR``: loss, tokens/s, step time (measured, and the plan's
+prediction) and learning rate over samples consumed, from the run's ``metrics.jsonl``,
+with restarts and resizes marked; for an adaptive batch also the global batch, noise
+scale, statistical efficiency and predicted goodput."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from unipar.errors import ConfigError
+from unipar.viz.draw import pyplot
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -34,6 +36,9 @@ class RunSeries:
     events: tuple[Marker, ...]  # resizes and other events the run recorded
     # an adaptive batch's curves by name (global_batch, noise_scale, ...); empty otherwise
     adapt: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    step_time_s: tuple[float, ...] = ()
+    # the cost model's step time of the plan each step ran under (nan: not predicted)
+    predicted_step_s: tuple[float, ...] = ()
 
 
 def _records(run_dir: Path) -> list[dict[str, Any]]:
@@ -104,9 +109,16 @@ def run_series(run_dir: str | Path) -> RunSeries:
         restarts=tuple(restarts),
         events=tuple(events),
         adapt=_adapt_curves(ordered),
+        step_time_s=tuple(float(r.get("step_time_s", math.nan)) for r in ordered),
+        predicted_step_s=tuple(_number(r.get("predicted_step_s")) for r in ordered),
     )
 
 
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+STEP_TIME = "step time (s)"
 NO_SIGNAL = 1e12  # a noise scale past this is tr(Σ) over the estimator's floor on |G|²
 ADAPT_LABELS = {
     "global_batch": "global batch",
@@ -135,14 +147,13 @@ def _event_label(record: dict[str, Any]) -> str:
 
 def report_run(run_dir: str | Path) -> Path:
     """Write ``RUN_DIR/report.png``; returns its path."""
-    from unipar.viz.draw import pyplot
-
     run_dir = Path(run_dir)
     series = run_series(run_dir)
     plt = pyplot()
     curves = [
         ("loss", series.loss),
         ("tokens/s", series.tokens_per_s),
+        (STEP_TIME, series.step_time_s),
         ("learning rate", series.lr),
         *((ADAPT_LABELS[name], values) for name, values in series.adapt.items()),
     ]
@@ -152,6 +163,10 @@ def report_run(run_dir: str | Path) -> Path:
             values = tuple(v if 0 < v < NO_SIGNAL else math.nan for v in values)
             axis.set_yscale("log")
         axis.plot(series.samples, values, marker="." if len(values) < 60 else None, linewidth=1)
+        if name == STEP_TIME and any(not math.isnan(v) for v in series.predicted_step_s):
+            axis.plot(series.samples, series.predicted_step_s, color="#DD8452",
+                      linestyle="--", linewidth=1.5, label="predicted (the plan's)")
+            axis.legend(fontsize=7, loc="upper right")
         axis.set_ylabel(name, fontsize=8)
         axis.grid(alpha=0.3)
         for marker in series.restarts:

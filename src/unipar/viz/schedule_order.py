@@ -86,8 +86,9 @@ def _recorded_order(
 
 def torch_schedule_class(schedule: PipelineSchedule) -> type:
     """The ``torch.distributed.pipelining`` class the runtime builds for ``schedule``
-    (see :func:`unipar.runtime.parallelize._pipeline_schedule`)."""
-    from torch.distributed import pipelining
+    (see :func:`unipar.runtime.parallel.parallelize._pipeline_schedule`)."""
+    # drawing a schedule's order needs neither torch nor its pipelining until this lookup
+    from torch.distributed import pipelining  # noqa: PLC0415 (heavy: torch.distributed.pipelining)
 
     return {
         PipelineSchedule.GPIPE: pipelining.ScheduleGPipe,

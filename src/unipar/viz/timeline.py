@@ -19,7 +19,6 @@ sends on the fill and drain path, which the closed form leaves out.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -28,7 +27,8 @@ from unipar.analysis.profile import ModelProfile
 from unipar.cluster.spec import ClusterSpec
 from unipar.errors import ConfigError
 from unipar.plan.cost import CostModel
-from unipar.plan.representation import Plan, Recompute
+from unipar.plan.predict import stage_layers
+from unipar.plan.representation import Recompute
 from unipar.plan.strategy_search import Candidate
 from unipar.viz.schedule_order import Action, ActionKind, pipeline_order
 
@@ -117,19 +117,6 @@ class ActionTimes:
     tp_forward: float  # tp all-reduces of the forward, and of the backward
     tp_recompute: float  # tp all-reduces of the recomputed forward
     p2p: float  # one send
-
-
-def stage_layers(plan: Plan, num_layers: int) -> list[list[int]]:
-    """Layer indices of each of the plan's ``pp x virtual_stages`` stages."""
-    bounds = [0, *plan.stage_boundaries, num_layers]
-    chunks = plan.mesh.pp * plan.virtual_stages
-    if len(bounds) != chunks + 1:
-        raise ConfigError(
-            f"the plan's stage_boundaries {list(plan.stage_boundaries)} must cut "
-            f"{num_layers} layers into pp x virtual_stages = {chunks} stages; use a plan "
-            "made by the planner for this model"
-        )
-    return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
 
 
 def action_times(

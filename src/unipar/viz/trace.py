@@ -10,13 +10,16 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from unipar.analysis.profile import ModelProfile
 from unipar.cluster.spec import ClusterSpec
 from unipar.errors import ConfigError
+from unipar.plan.predict import estimate_plan
 from unipar.plan.representation import Plan
-from unipar.runtime.tracing import TracedAction, TraceRecord
-from unipar.viz.timeline import Block, BlockKind, Timeline
+from unipar.plan.strategy_search import Candidate
+from unipar.viz.draw import draw_timelines
+from unipar.viz.records import TracedAction, TraceRecord
+from unipar.viz.timeline import Block, BlockKind, Timeline, predicted_timeline
 
 _KINDS = {
     TracedAction.FORWARD: BlockKind.FORWARD,
@@ -157,30 +160,12 @@ def write_trace(
     summary = summary_text(compare(measured, predicted)) if predicted is not None else ""
     picture = None
     if draw:
-        from unipar.viz.draw import draw_timelines
-
         panels = [predicted, measured[-1]] if predicted is not None else [measured[-1]]
         picture = draw_timelines(panels, run_dir / "timeline.png")
     return TraceOutputs(path, picture, summary, tuple(records))
 
 
-def predicted_run_timeline(job: Any, plan: Plan, cluster: ClusterSpec) -> Timeline:
-    """The cost model's timeline of ``plan`` for ``job``'s model on ``cluster``."""
-    from unipar.analysis.profile import analyze
-    from unipar.plan.cost import CostModel
-    from unipar.plan.for_job import job_model_spec
-    from unipar.plan.strategy_search import Candidate
-    from unipar.viz.timeline import predicted_timeline, stage_layers
-
-    spec = job_model_spec(job)
-    profile = analyze(
-        spec.factory,
-        spec.sample_shape,
-        input_dtype=spec.input_dtype,
-        hidden=spec.hidden,
-        tp_divisibility=spec.tp_divisibility,
-        loss=spec.loss,
-        target=spec.target,
-    )
-    estimate = CostModel(profile, cluster).estimate(plan, stage_layers(plan, len(profile.layers)))
+def predicted_run_timeline(profile: ModelProfile, plan: Plan, cluster: ClusterSpec) -> Timeline:
+    """The cost model's timeline of ``plan`` for a model of ``profile`` on ``cluster``."""
+    estimate = estimate_plan(profile, plan, cluster)
     return predicted_timeline(Candidate(plan, estimate), profile, cluster, "predicted")

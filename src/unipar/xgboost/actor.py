@@ -17,7 +17,9 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import ray
 
+from unipar.ray_cluster.supervisor import describe_process
 from unipar.xgboost.lean_import import import_xgboost_core
 from unipar.xgboost.matrix import FIELDS, RayDMatrix, RayFileType, Shard
 from unipar.xgboost.session import init_session
@@ -42,8 +44,6 @@ class XGBoostActor:
 
     def describe(self) -> tuple[int, str, str]:
         """(process id, node IP, Ray node id): what the gang supervisor follows."""
-        from unipar.runtime.gang import describe_process
-
         return describe_process()
 
     def load(self, name: str, matrix: RayDMatrix, shard: Shard) -> int:
@@ -97,10 +97,10 @@ class XGBoostActor:
         collective, when ``tracker_args`` is None). Returns the collective rank, the
         model (rank 0 only), the rounds done and the evaluation log; or, if the
         collective broke (a peer died), ``{"error": ...}``."""
-        import xgboost as xgb
-        from xgboost import collective
+        import xgboost as xgb  # noqa: PLC0415 (heavy: xgboost)
+        from xgboost import collective  # noqa: PLC0415 (heavy: xgboost)
 
-        from unipar.xgboost.round_callback import RoundCallback
+        from unipar.xgboost.round_callback import RoundCallback  # noqa: PLC0415 (heavy: xgboost)
 
         self.stop_requested.clear()
         done_before, model = (start[0], bytearray(start[1])) if start else (0, None)
@@ -160,7 +160,7 @@ class XGBoostActor:
     ) -> tuple[np.ndarray, list[int]]:
         """Predictions on the shard, and the rows of each of its files (none for
         in-memory data)."""
-        import xgboost as xgb
+        import xgboost as xgb  # noqa: PLC0415 (heavy: xgboost)
 
         booster = xgb.Booster(model_file=bytearray(model))
         for callback in self.callbacks:
@@ -174,11 +174,9 @@ class XGBoostActor:
 
 def read_shard(matrix: RayDMatrix, shard: Shard) -> dict[str, Any]:
     """The shard's rows: ``{"data": ..., "label": ..., ...}``."""
-    import ray
-
     if shard.pieces is not None:
         return dict(ray.get(shard.pieces))
-    import pandas as pd
+    import pandas as pd  # noqa: PLC0415 (heavy: pandas)
 
     file_rows: list[int] = []
     if shard.dataset is not None:
@@ -197,7 +195,7 @@ def read_shard(matrix: RayDMatrix, shard: Shard) -> dict[str, Any]:
 def to_dmatrix(
     matrix: RayDMatrix, parts: dict[str, Any], ref: xgb.DMatrix | None = None
 ) -> xgb.DMatrix:
-    import xgboost as xgb
+    import xgboost as xgb  # noqa: PLC0415 (heavy: xgboost)
 
     data = parts["data"]
     fields = {k: v for k, v in parts.items() if k in FIELDS}

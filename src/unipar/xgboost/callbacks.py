@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -37,6 +38,4 @@ class EnvironmentCallback(DistributedCallback):
         self.env_dict = dict(env_dict)
 
     def on_init(self, actor: Any, *args: Any, **kwargs: Any) -> None:
-        import os
-
         os.environ.update(self.env_dict)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import ray
 
-from unipar.ray_session import start_ray
+from unipar.ray_cluster.session import start_ray
 
 
 def attach_or_start_ray(before_starting: Callable[[], None] | None = None) -> None:
@@ -21,7 +21,7 @@ def attach_or_start_ray(before_starting: Callable[[], None] | None = None) -> No
         return
     address = os.environ.get("RAY_ADDRESS")
     if address and address != "local":
-        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        start_ray(address)  # probed first; sends the token a cluster under token auth needs
         return
     if not address:
         try:  # a cluster started on this machine: attach, as ray.init() does

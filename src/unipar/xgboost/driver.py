@@ -11,11 +11,12 @@ exactly ``num_boost_round`` trees.
 An actor on a node that Ray drains (preemption notice, autoscaler scale-down) leaves
 after the current round, with no round lost, and is replaced the same way. The actors'
 processes, nodes and draining are followed by the gang supervisor that the torch
-runtime uses too (:mod:`unipar.runtime.gang`).
+runtime uses too (:mod:`unipar.ray_cluster.supervisor`).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from unipar.errors import ConfigError
-from unipar.runtime.gang import (
+from unipar.ray_cluster.supervisor import (
     PROCESS_LOST,
     Stream,
     Supervisor,
@@ -53,6 +54,7 @@ from unipar.xgboost.gang import (
 from unipar.xgboost.matrix import RayDMatrix
 from unipar.xgboost.params import RayParams
 from unipar.xgboost.prediction import predict
+from unipar.xgboost.tune import TuneReportCallback
 
 if TYPE_CHECKING:
     import xgboost as xgb
@@ -125,8 +127,6 @@ def train(
     for matrix, name in evals:
         if not isinstance(matrix, RayDMatrix):
             raise ConfigError(f"evals entry {name!r} must be a RayDMatrix")
-    from unipar.xgboost.tune import TuneReportCallback
-
     reporters = [c for c in callbacks or [] if isinstance(c, TuneReportCallback)]
     callbacks = [c for c in callbacks or [] if not isinstance(c, TuneReportCallback)]
     started = time.perf_counter()
@@ -177,8 +177,6 @@ def train(
 
 def _check_keywords(kwargs: dict[str, Any]) -> None:
     """Keywords ``xgboost.train`` does not take fail here, before any actor starts."""
-    import inspect
-
     known = set(inspect.signature(_XGBOOST.result().train).parameters)
     unknown = sorted(set(kwargs) - known)
     if unknown:

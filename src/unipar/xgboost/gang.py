@@ -17,8 +17,8 @@ from ray.util.placement_group import get_current_placement_group, remove_placeme
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from unipar.errors import ConfigError
-from unipar.ray_session import require_resources, reserve_bundles
-from unipar.runtime.gang import (
+from unipar.ray_cluster.session import require_resources, reserve_bundles
+from unipar.ray_cluster.supervisor import (
     PROCESS_LOST,
     Member,
     Supervisor,

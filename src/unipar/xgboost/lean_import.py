@@ -17,12 +17,12 @@ from types import ModuleType
 def import_xgboost_core() -> ModuleType:
     """``xgboost``, imported without scikit-learn unless either is imported already."""
     if "xgboost" in sys.modules or "sklearn" in sys.modules:
-        import xgboost
+        import xgboost  # noqa: PLC0415 (heavy: xgboost)
 
         return xgboost
     sys.modules["sklearn"] = None  # type: ignore[assignment]  # makes `import sklearn` fail
     try:
-        import xgboost
+        import xgboost  # noqa: PLC0415 (heavy: xgboost)
     finally:
         del sys.modules["sklearn"]
     return xgboost

@@ -176,12 +176,12 @@ class RayDMatrix:
                 )
 
     def _check_files(self) -> None:
-        import pandas as pd
+        import pandas as pd  # noqa: PLC0415 (heavy: pandas)
 
         for path in self.files:
             try:
                 if self.filetype is RayFileType.PARQUET:
-                    import pyarrow.parquet as pq
+                    import pyarrow.parquet as pq  # noqa: PLC0415 (heavy: pyarrow)
 
                     columns = list(pq.read_schema(path).names)
                 else:
@@ -216,7 +216,7 @@ class RayDMatrix:
         return self._shards[num_actors]
 
     def _make_shards(self, n: int, actors: Sequence[Any] | None) -> list[Shard]:
-        import ray
+        import ray  # noqa: PLC0415 (heavy: Ray)
 
         if self.files:
             if len(self.files) < n:

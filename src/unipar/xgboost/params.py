@@ -71,7 +71,7 @@ class RayParams:
                 "get_tune_resources needs explicit num_actors >= 1 and cpus_per_actor >= 1, "
                 f"but got {self.num_actors} and {self.cpus_per_actor}"
             )
-        from ray.tune import PlacementGroupFactory
+        from ray.tune import PlacementGroupFactory  # noqa: PLC0415 (heavy: Ray Tune)
 
         bundle: dict[str, float] = {"CPU": self.cpus_per_actor}
         if self.gpus_per_actor > 0:

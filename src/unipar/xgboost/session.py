@@ -66,7 +66,7 @@ def get_actor_rank() -> int:
 
 
 def get_rabit_rank() -> int:
-    from xgboost import collective
+    from xgboost import collective  # noqa: PLC0415 (heavy: xgboost)
 
     get_session()
     return collective.get_rank()

@@ -29,7 +29,7 @@ class TuneReportCallback:
         return {name: values[name] for name in names}
 
     def report(self, rounds: int, values: dict[str, float], model: bytes | None) -> None:
-        from ray import tune
+        from ray import tune  # noqa: PLC0415 (heavy: Ray Tune)
 
         metrics = {**self.select(values), "training_iteration": rounds}
         if model is None:
@@ -54,7 +54,7 @@ class TuneReportCheckpointCallback(TuneReportCallback):
 
 def load_model(checkpoint: Any) -> Any:
     """The booster of a checkpoint reported by :class:`TuneReportCheckpointCallback`."""
-    import xgboost as xgb
+    import xgboost as xgb  # noqa: PLC0415 (heavy: xgboost)
 
     with checkpoint.as_directory() as directory:
         return xgb.Booster(model_file=str(Path(directory) / "model.ubj"))

@@ -5,6 +5,13 @@ from __future__ import annotations
 
 import enum
 
+from unipar.sched.policies.fifo import FifoPolicy
+from unipar.sched.policies.goodput import pollux_policy, unipar_policy
+from unipar.sched.policies.optimus import OptimusPolicy
+from unipar.sched.policies.pollux_unaware import UnawarePolluxPolicy
+from unipar.sched.policies.sia import SiaPolicy
+from unipar.sched.policies.tiresias import TiresiasPolicy
+from unipar.sched.policies.typed_goodput import TypedGoodputPolicy
 from unipar.sched.policy import Policy
 
 
@@ -18,11 +25,6 @@ class PolicyName(enum.Enum):
 
 def make_policy(name: PolicyName) -> Policy:
     """A fresh policy object of the given kind."""
-    from unipar.sched.policies.fifo import FifoPolicy
-    from unipar.sched.policies.goodput import pollux_policy, unipar_policy
-    from unipar.sched.policies.optimus import OptimusPolicy
-    from unipar.sched.policies.tiresias import TiresiasPolicy
-
     return {
         PolicyName.UNIPAR: unipar_policy,
         PolicyName.POLLUX: pollux_policy,
@@ -42,10 +44,6 @@ class TypedPolicyName(enum.Enum):
 
 def make_typed_policy(name: TypedPolicyName):
     """A fresh policy object for a cluster of several GPU types."""
-    from unipar.sched.policies.pollux_unaware import UnawarePolluxPolicy
-    from unipar.sched.policies.sia import SiaPolicy
-    from unipar.sched.policies.typed_goodput import TypedGoodputPolicy
-
     return {
         TypedPolicyName.UNIPAR: TypedGoodputPolicy,
         TypedPolicyName.SIA: SiaPolicy,

@@ -129,7 +129,7 @@ class SiaPolicy(TypedPolicy):
         if age < delta:
             return
         factor = max(age - job.restarts * delta, 0.0) / (age + delta)
-        held = _held(job, configs)
+        held = held_config(job, configs)
         keep = row[held] if held is not None else None
         row *= factor
         if held is not None:
@@ -141,8 +141,8 @@ class SiaPolicy(TypedPolicy):
         configs = configurations(state.cluster)
         speedup = self.speedups(state, configs)
         cost = np.minimum(np.round(speedup**self.p, 2), 3000.0) - self.lambda_n
-        pinned = {i: _held(j, configs) for i, j in enumerate(state.jobs)
-                  if j.restart_left > 0 and _held(j, configs) is not None}
+        pinned = {i: held_config(j, configs) for i, j in enumerate(state.jobs)
+                  if j.restart_left > 0 and held_config(j, configs) is not None}
         chosen = solve(cost, configs, state.cluster, pinned)
         demands: dict[str, list] = {}
         for i, c in chosen.items():
@@ -151,7 +151,8 @@ class SiaPolicy(TypedPolicy):
         return place_typed(demands, state)
 
 
-def _held(job: TypedJobView, configs: list[Config]) -> int | None:
+def held_config(job: TypedJobView, configs: list[Config]) -> int | None:
+    """The index of the configuration ``job`` holds (None: none, or one not in ``configs``)."""
     a = job.allocation
     if a is None:
         return None
@@ -163,8 +164,8 @@ def solve(cost: np.ndarray, configs: list[Config], cluster: TypedCluster,
           pinned: dict[int, int]) -> dict[int, int]:
     """argmin Σ cost·x over binary x, one configuration per job, GPUs per type (HiGHS);
     only negative costs (and pinned ones) can be in an optimum."""
-    from scipy.optimize import Bounds, LinearConstraint, milp  # deferred: scipy is heavy
-    from scipy.sparse import csr_matrix
+    from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415 (heavy: scipy)
+    from scipy.sparse import csr_matrix  # noqa: PLC0415 (heavy: scipy)
 
     jobs, cols = np.nonzero(cost < 0)
     for i, c in pinned.items():

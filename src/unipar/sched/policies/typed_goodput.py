@@ -34,7 +34,7 @@ import numpy as np
 
 from unipar.goodput.batch import best_batch
 from unipar.sched.assign import assign
-from unipar.sched.policies.sia import Config, place_typed
+from unipar.sched.policies.sia import Config, held_config, place_typed
 from unipar.sched.typed_cluster import TypedAllocation, TypedCluster
 from unipar.sched.typed_policy import BatchModel, TypedJobView, TypedPolicy, TypedRoundState
 
@@ -75,6 +75,7 @@ class TypedGoodputPolicy(TypedPolicy):
         k = np.array([c.gpus for c in configs], float)
         nodes = np.broadcast_to(np.array([c.nodes for c in configs], float), shape).copy()
         params = np.zeros((*shape, 7))
+        params[..., 6] = 1.0  # γ of a configuration left out (not 0: no 1/γ warning)
         low, high, ratio = np.ones(shape), np.ones(shape), np.zeros(shape)
         allowed = np.zeros(shape, bool)
         unknown = np.zeros(shape)  # one GPU's samples/s over M0, for an unknown application
@@ -102,7 +103,8 @@ class TypedGoodputPolicy(TypedPolicy):
     def _admit(self, state: TypedRoundState, configs: list[Config]) -> list[TypedJobView]:
         """Jobs still restarting (they keep their GPUs), then the first submitted, one GPU
         each, as many as the rest of the GPUs."""
-        pinned = [j for j in state.jobs if j.restart_left > 0 and _held(j, configs) is not None]
+        pinned = [j for j in state.jobs
+                  if j.restart_left > 0 and held_config(j, configs) is not None]
         names = {j.name for j in pinned}
         others = sorted((j for j in state.jobs if j.name not in names),
                         key=lambda j: j.submit_time)
@@ -119,7 +121,7 @@ class TypedGoodputPolicy(TypedPolicy):
         base = np.maximum(np.where(gpus[None, :] == 1, good, 0).max(axis=1), 1e-12)
         remaining = np.array([j.remaining_progress for j in jobs]) / base
         speedup = good / base[:, None]
-        held = [_held(j, configs) for j in jobs]
+        held = [held_config(j, configs) for j in jobs]
         self._restart(state, jobs, speedup, good, held)
         with np.errstate(divide="ignore"):
             cost = np.where(speedup > 0, speedup**self.p, np.inf)
@@ -152,14 +154,6 @@ class TypedGoodputPolicy(TypedPolicy):
             keep = speedup[i, held[i]]
             speedup[i] *= factor
             speedup[i, held[i]] = keep
-
-
-def _held(job: TypedJobView, configs: list[Config]) -> int | None:
-    a = job.allocation
-    if a is None:
-        return None
-    return next((i for i, c in enumerate(configs)
-                 if c.gpu_type == a.gpu_type and c.gpus == a.replicas), None)
 
 
 def solve_assignment(cost: np.ndarray, configs: list[Config], cluster: TypedCluster,

@@ -1,0 +1,285 @@
+"""Measure what a group of CPU worker processes costs beyond their arithmetic: gloo
+collectives and the framework's own work per operation. Run as two processes::
+
+    python -m unipar.plan.calibrate_group RANK WORLD PORT
+
+It sits with the planner because it measures against the planner's cost model (the
+sustained slowdown below is measured over predicted time); :mod:`unipar.cluster.calibrate`
+starts it and turns its numbers into the CPU's :class:`~unipar.cluster.spec.DeviceSpec`.
+
+Rank 0 prints one JSON object:
+
+- ``matmul_flops``, ``elementwise_bandwidth``, ``optimizer_bandwidth``: arithmetic
+  rates measured on every rank at once (workers share memory bandwidth and clock); the
+  matmul rate is the median over the product shapes of small models' training;
+- ``sustained_slowdown``: measured over predicted step time of a reference network
+  (residual MLP blocks) trained on every rank at once for a few seconds, by which the
+  rates are scaled;
+- ``op_overhead_s``: fixed cost of one operation in training (dispatch, autograd
+  record, backward), from forward+backward of a chain of tiny linear layers, per op
+  per pass (backward counts as two passes);
+- ``allreduce_latency_s`` / ``allreduce_bandwidth``: the alpha-beta fit of gloo
+  all-reduce at 256 KiB and 4 MiB (Hockney's model, as in Thakur et al. 2005);
+- ``sharded_linear_overhead_s``: extra time of one tensor-parallel linear layer
+  (DTensor column- then row-wise) per pass, beyond its arithmetic and its all-reduce;
+- ``fsdp_unit_overhead_s``: extra time per FSDP2 unit per pass (hooks, copy-in and
+  copy-out, optimizer on sharded tensors), beyond its collectives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+from unipar.analysis.profile import analyze
+from unipar.cluster.calibrate import (
+    SMALL_MODEL_MATMULS,
+    measure_elementwise_bandwidth,
+    measure_matmul_flops,
+)
+from unipar.cluster.spec import ClusterSpec, DeviceSpec, LinkSpec, Precision
+from unipar.plan.cost import ADAM_STEP_BYTES_PER_PARAM, layer_forward_time
+
+_CHAIN = 48  # tiny layers per measurement
+_WIDTH = 8
+
+
+def _median_time(fn: Callable[[], object], repeats: int = 15) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _chain() -> nn.Sequential:
+    return nn.Sequential(*[nn.Linear(_WIDTH, _WIDTH) for _ in range(_CHAIN)])
+
+
+def _train_step(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        model(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _op_overhead() -> float:
+    """Per op and pass, on tiny tensors (the best of three runs: noise only adds)."""
+    model, x = _chain(), torch.randn(1, _WIDTH)
+    best = min(_median_time(lambda: model(x).sum().backward()) for _ in range(3))
+    return best / (_CHAIN * 3)
+
+
+def _allreduce_time(nbytes: int) -> float:
+    tensor = torch.ones(nbytes // 4)
+    return _median_time(lambda: dist.all_reduce(tensor))
+
+
+def _allreduce_fit() -> tuple[float, float]:
+    """(latency per ring step, bandwidth): latency from a 4-byte all-reduce, bandwidth
+    from a 4 MiB one, each the best of three medians (noise only adds). Ring
+    all-reduce on n ranks moves 2(n-1)/n of the bytes in 2(n-1) steps."""
+    n = dist.get_world_size()
+    tiny = min(_allreduce_time(4) for _ in range(3))
+    size = 4 * 1024 * 1024
+    large = min(_allreduce_time(size) for _ in range(3))
+    latency = tiny / (2 * (n - 1))
+    bandwidth = 2 * (n - 1) / n * size / max(large - tiny, 1e-9)
+    return latency, bandwidth
+
+
+def _ring_seconds(nbytes: float, fraction: float, latency: float, bandwidth: float) -> float:
+    """A ring collective as the cost model charges it (``fraction``: 2 for all-reduce,
+    1 for all-gather or reduce-scatter)."""
+    n = dist.get_world_size()
+    return fraction * (n - 1) / n * nbytes / bandwidth + fraction * (n - 1) * latency
+
+
+def _sharded_linear_overhead(latency: float, bandwidth: float) -> float:
+
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(_WIDTH, _WIDTH * 2)
+            self.proj = nn.Linear(_WIDTH * 2, _WIDTH)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.proj(torch.relu(self.fc(x)))
+
+    pairs = _CHAIN // 2
+    x = torch.randn(1, _WIDTH)
+    local = nn.Sequential(*[Pair() for _ in range(pairs)])
+    plain = _median_time(lambda: local(x).sum().backward())
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    sharded = nn.Sequential(*[Pair() for _ in range(pairs)])
+    for pair in sharded:
+        parallelize_module(pair, mesh, {"fc": ColwiseParallel(), "proj": RowwiseParallel()})
+    split = _median_time(lambda: sharded(x).sum().backward())
+    # Each pair all-reduces its output forward and its input gradient backward.
+    collectives = pairs * 2 * _ring_seconds(_WIDTH * 4, 2, latency, bandwidth)
+    return max(split - plain - collectives, 0.0) / (pairs * 2 * 3)
+
+
+def _fsdp_unit_overhead(latency: float, bandwidth: float) -> float:
+    """Per unit and pass, of ZeRO-3 over the group, beyond its collectives."""
+
+    x = torch.randn(1, _WIDTH)
+    model = _chain()
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    sharded = _median_time(_train_step(model, x))
+    plain = _median_time(_train_step(_chain(), x))
+    # Per unit: all-gather forward and backward, reduce-scatter of the gradient.
+    unit_bytes = _WIDTH * (_WIDTH + 1) * 4
+    collectives = _CHAIN * 3 * _ring_seconds(unit_bytes, 1, latency, bandwidth)
+    return max(sharded - plain - collectives, 0.0) / (_CHAIN * 3)
+
+
+def _optimizer_bandwidth(params: int = 1_000_000) -> float:
+    """Bytes per second of one AdamW step, counted as the cost model counts them."""
+    weights = [nn.Parameter(torch.randn(params // 10)) for _ in range(10)]
+    for weight in weights:
+        weight.grad = torch.randn_like(weight)
+    optimizer = torch.optim.AdamW(weights, lr=1e-4)
+    return ADAM_STEP_BYTES_PER_PARAM * params / _median_time(optimizer.step, repeats=7)
+
+
+def _arithmetic() -> dict[str, float]:
+    """Rates with every rank computing at once, as workers do: they share the
+    machine's memory bandwidth and clock."""
+    dist.barrier()
+    flops = statistics.median(measure_matmul_flops(*shape) for shape in SMALL_MODEL_MATMULS)
+    dist.barrier()
+    elementwise = measure_elementwise_bandwidth()
+    return {
+        "matmul_flops": flops,
+        "elementwise_bandwidth": elementwise,
+        "optimizer_bandwidth": _optimizer_bandwidth(),
+    }
+
+
+class _ResidualMLP(nn.Module):
+    """The reference network of :func:`_sustained_slowdown`: residual MLP blocks."""
+
+    def __init__(self, width: int = 192, depth: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(
+                nn.LayerNorm(width),
+                nn.Linear(width, 4 * width),
+                nn.GELU(),
+                nn.Linear(4 * width, width),
+            )
+            for _ in range(depth)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def _sustained_slowdown(arithmetic: dict[str, float], op_overhead: float) -> float:
+    """Measured over predicted time of a training step of a reference network (residual
+    MLP blocks, not any model being planned), with every rank training at once for a few
+    seconds: what sustained load (shared caches, memory bandwidth and clock) takes
+    beyond the short measurements of the single rates."""
+    batch, seq, width = 16, 64, 192
+    model = _ResidualMLP(width)
+    x = torch.randn(batch, seq, width)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    dist.barrier()
+    times = []
+    deadline = time.perf_counter() + 3.0
+    while time.perf_counter() < deadline or len(times) < 5:
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    measured = statistics.median(times)
+
+    device = DeviceSpec(
+        name="cpu-thread",
+        memory_gib=1.0,
+        peak_flops_16bit=arithmetic["matmul_flops"],
+        peak_flops_32bit=arithmetic["matmul_flops"],
+        memory_bandwidth=arithmetic["elementwise_bandwidth"],
+        gemm_efficiency=1.0,
+        kernel_overhead_s=op_overhead,
+        reserved_gib=0.0,
+        precision=Precision.FP32,
+    )
+    profile = analyze(
+        lambda: _ResidualMLP(width), (seq, width), input_dtype=torch.float32, hidden=width
+    )
+    predicted = sum(3 * _layer_forward_seconds(layer, batch, device) for layer in profile.layers)
+    predicted += profile.params * ADAM_STEP_BYTES_PER_PARAM / arithmetic["optimizer_bandwidth"]
+    return min(max(measured / predicted, 0.5), 3.0)
+
+
+def _layer_forward_seconds(layer, batch: int, device) -> float:  # type: ignore[no-untyped-def]
+    link = LinkSpec(bandwidth=1e9, latency_s=0.0)
+    return layer_forward_time(layer, batch, 1, ClusterSpec("cpu", 1, 1, device, link, link))
+
+
+def main(rank: int, world: int, port: int) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    arithmetic = _arithmetic()
+    op_overhead = _op_overhead()
+    latency, bandwidth = _allreduce_fit()
+    sharded_linear = min(_sharded_linear_overhead(latency, bandwidth) for _ in range(2))
+    fsdp_unit = min(_fsdp_unit_overhead(latency, bandwidth) for _ in range(2))
+    slowdown = _sustained_slowdown(arithmetic, op_overhead)
+    dist.destroy_process_group()
+    if rank == 0:
+        print(
+            json.dumps(
+                {
+                    **arithmetic,
+                    "op_overhead_s": op_overhead,
+                    "allreduce_latency_s": latency,
+                    "allreduce_bandwidth": bandwidth,
+                    "sharded_linear_overhead_s": sharded_linear,
+                    "fsdp_unit_overhead_s": fsdp_unit,
+                    "sustained_slowdown": slowdown,
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main(*(int(arg) for arg in sys.argv[1:4]))

@@ -1,0 +1,579 @@
+"""The controller on the driver: starts the workers, follows their progress, survives
+failures; lose, gain and give back workers while the job trains.
+
+One *formation* is a set of live :class:`ElasticWorker` processes joined in one
+process group under one plan. The controller follows its step reports. A worker process
+that dies (killed, out of memory, node lost) is reported by Ray as soon as its process
+is gone, so the controller notices within the poll interval, not after a collective
+timeout. What it does then is its :class:`~unipar.runtime.elastic.recovery.Recovery`
+policy: ``RESTART_FROM_CHECKPOINT`` (``elastic=False``) takes the whole gang, topped up
+to its fixed size, back to the newest disk checkpoint, up to ``max_failures`` times;
+``LIVE`` (the default) recovers from memory and follows the cluster:
+
+- **loss** (a process killed, a node removed): Ray reports the dead actor within the
+  poll interval; the survivors' step fails in its collective, they drop it and end
+  their stream with the step they committed. The state comes from memory: under a
+  replicated plan (data parallel) from the survivor with the most committed steps
+  (a survivor cannot be behind: a step is committed only after its gradient
+  all-reduce completed everywhere; alone in the new gang they keep their model as it is),
+  under a sharded plan from the newest in-memory snapshot (taken as often as 2% of the
+  training time allows, or every ``snapshot_every`` steps; the steps since are redone,
+  on the same samples, so with the same losses);
+- **grow**: when the free resources of the cluster hold another worker, new workers
+  start (import torch, build the dataset) while the formation trains; once they are
+  up, the gang stops at the next step boundary, snapshots its state to memory and
+  re-forms with them: no step lost;
+- **drain**: a node that Ray is draining (preemption notice, autoscaler scale-down)
+  has its workers leave the same way, at a step boundary: no step lost;
+- **size target** (:mod:`unipar.runtime.elastic.size_target`): an outside decision (the shared
+  cluster's scheduler) bounds the gang: workers past it leave as from a draining node,
+  and the gang grows only up to it.
+
+After each event the plan is derived again for the new size (the planner, for a
+strategy; :func:`resize_plan` for a given plan), a fresh rendezvous is handed out
+and the workers (survivors keep their processes) rebuild the model on the meta device
+and load the state with DCP's resharding from bytes held in Ray's object store.
+Progress is counted in optimizer steps of a fixed global batch, so the data order,
+the LR schedule and the checkpoint steps do not depend on the number of workers.
+Disk checkpoints remain the last resort (a sharded plan without a snapshot).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+
+from unipar.errors import ResourceError, TrainingFailedError, UniparError, UserCodeError
+from unipar.job import Job
+from unipar.plan import Plan
+from unipar.ray_cluster.session import require_resources, say_waiting
+from unipar.ray_cluster.supervisor import (
+    PROCESS_LOST,
+    Member,
+    Stream,
+    Supervisor,
+    on_draining_nodes,
+)
+from unipar.runtime.callbacks import Callback, WorkerInfo, WorkerLost
+from unipar.runtime.checkpoint import latest_checkpoint
+from unipar.runtime.config import RunConfig
+from unipar.runtime.elastic.formation import (
+    GRACE_S,
+    SURVIVOR_GRACE_S,
+    FormationEnd,
+    FormBroken,
+    ResizeEvent,
+    StateSource,
+    committed_steps,
+    disk_source,
+    event_record,
+    export_state,
+    gather_forms,
+)
+from unipar.runtime.elastic.recovery import Recovery
+from unipar.runtime.elastic.rendezvous import RendezvousHost
+from unipar.runtime.elastic.size_target import bounded
+from unipar.runtime.elastic.snapshot import SnapshotAssembly, SnapshotPart
+from unipar.runtime.elastic.worker import (
+    ElasticWorker,
+    Finished,
+    Interrupted,
+    Paused,
+    is_stream_end,
+    replicated,
+)
+from unipar.runtime.metrics import MetricsWriter, StepAggregator, StepMetrics
+from unipar.runtime.progress import ProgressBar
+from unipar.runtime.tracing import TraceBatch, TraceRecord, steps_traced
+from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
+
+_CLUSTER_CHECK_S = 1.0  # how often the cluster is asked for free room and draining nodes
+# (and at every poll while the size target has moved or joiners start up)
+_JOINER_WAIT_S = 30.0  # workers started to grow still not placed by then are given up
+_STOPPING_POLL_S = 0.02  # how often the streams are read while the gang pauses to resize
+_NOTICE_AFTER_S = 1.0  # room still short by then at the start is held by other jobs: say so
+
+
+def worker_needs(config: RunConfig) -> dict[str, float]:
+    """The resources Ray reserves for one worker (those it takes any of)."""
+    needs = {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker}
+    return {name: amount for name, amount in needs.items() if amount}
+
+
+def check_cluster_resources(config: RunConfig) -> None:
+    """Fail at once, before anything starts, when the cluster is too small in total."""
+    require_resources(worker_needs(config), config.least_workers, "worker")
+
+
+@dataclass
+class RunState:
+    attempt: int = 0  # the formation training now (0: the first); a restart's attempt
+    failures: int = 0
+    history: dict[int, StepMetrics] = field(default_factory=dict)
+    # The traced steps' records of the gang that ran them (``trace_steps``), all ranks.
+    trace: list[TraceRecord] = field(default_factory=list)
+
+
+class Controller:
+    def __init__(
+        self,
+        job: Job,
+        config: RunConfig,
+        *,
+        plan_for: Callable[[int], Plan],
+        resume_from: Path | None,
+        metrics: MetricsWriter,
+        callbacks: Sequence[Callback] = (),
+        size_target: Callable[[], int | None] | None = None,
+        predict: Callable[[Plan], float | None] | None = None,
+    ) -> None:
+        """``predict``: the cost model's step time of each formation's plan, which its
+        steps' metrics carry (``None``: not predicted)."""
+        self.job, self.config, self.plan_for = job, config, plan_for
+        self.recovery = Recovery.of(config)
+        self.predict = predict
+        self.size_target = size_target
+        self.resume_from = resume_from
+        self.metrics, self.callbacks = metrics, callbacks
+        self.policy = CheckpointPolicy(
+            directory=config.checkpoints.resolve(),
+            every=config.checkpoint_interval(job.steps),
+            keep=config.keep_checkpoints,
+        )
+        self.state = RunState()
+        self.resizes: list[ResizeEvent] = []
+        self.bar = ProgressBar(job.steps, enabled=config.progress)
+        self.host = RendezvousHost()
+        self.workers: list[WorkerInfo] = []
+        self.plan: Plan | None = None
+        self._snapshot: tuple[int, list[SnapshotPart]] | None = None
+        self._joiners: list[Member] = []  # started workers the present gang may grow by
+        self._started_joiners_at = 0.0  # when the last workers to grow by were started
+        self._last_lost: WorkerLost | None = None
+        self.supervisor = Supervisor(self._make_actor, worker_needs(config))
+
+    def _make_actor(self):  # type: ignore[no-untyped-def]
+        config = self.config
+        return (
+            ray.remote(ElasticWorker)
+            .options(
+                num_cpus=config.cpus_per_worker,
+                num_gpus=config.gpus_per_worker,
+                max_restarts=0,
+            )
+            .remote(
+                self.job,
+                threads=max(1, int(config.cpus_per_worker)),
+                use_gpu=bool(config.gpus_per_worker),
+                checkpoints=self.policy,
+            )
+        )
+
+    # -- the run ---------------------------------------------------------------------
+
+    def run(self) -> TrainOutcome:
+        config = self.config
+        members: list[Member] = []
+        try:
+            # a size target set (a scheduler's) promises its room, which a job about to
+            # end may still hold: start that many; without one, start what fits now
+            most = self._most()
+            promised = self.size_target is not None and self.size_target() is not None
+            room = self.supervisor.room() if promised else self._room_for_least()
+            wanted = most if promised else max(config.least_workers, min(most, room))
+            if config.progress:
+                self.bar.note(f"unipar: starting {wanted} worker{'s' * (wanted != 1)}")
+            members = self.supervisor.start(wanted, config.placement_timeout_s,
+                                            most=self._most)
+            members = self._at_least_min(members)
+            keep = self._usable(min(len(members), self._most()))  # the target may have fallen
+            self.supervisor.kill(members[keep:])
+            members = members[:keep]
+            source = StateSource(step=0, resume_from=self.resume_from)
+            while True:
+                try:
+                    end = self._formation(members, source)
+                except FormBroken as broken:
+                    if self.recovery.keeps_state_in_memory:
+                        members, source = self._reform_broken(members, source, broken)
+                    else:
+                        members, source = self._restart(broken.survivors)
+                    continue
+                finished = [s.result for s in end.streams if isinstance(s.result, Finished)]
+                if finished:  # past the final barrier: every rank finished
+                    self.supervisor.kill(end.joiners)
+                    return finished[0].outcome
+                members, source = self._reform(members, end)
+        finally:
+            self.supervisor.cancel_pending()
+            self.supervisor.kill(members + self._joiners)
+            self.host.close()
+            self.bar.close()
+
+    def _room_for_least(self) -> int:
+        """The cluster's room for workers, once it holds ``min_workers`` or after
+        ``_NOTICE_AFTER_S`` (a gang just stopped frees its resources within it); still
+        short then, other jobs hold them: say that the start waits for them."""
+        least, until = self.config.least_workers, time.monotonic() + _NOTICE_AFTER_S
+        while (room := self.supervisor.room()) < least and time.monotonic() < until:
+            time.sleep(0.1)
+        if room < least:
+            say_waiting(worker_needs(self.config), least, "worker",
+                        self.config.placement_timeout_s)
+        return room
+
+    def _at_least_min(self, members: list[Member]) -> list[Member]:
+        """``members``, topped up to ``min_workers`` with new ones (waiting for room)."""
+        config = self.config
+        missing = config.least_workers - len(members)
+        if missing > 0:
+            members = members + self.supervisor.start(missing, config.placement_timeout_s)
+        if len(members) < config.least_workers:
+            self.supervisor.kill(members)
+            if self.supervisor.raised:
+                raise UserCodeError(
+                    f"only {len(members)} of min_workers={config.least_workers} workers "
+                    f"started: a worker's constructor raised {self.supervisor.raised[-1]}. "
+                    "The job (its model, dataset and loss) is unpickled in every worker "
+                    "process: define them in the job file or in a module the workers can "
+                    "import (installed, or shipped with Ray's runtime_env py_modules)"
+                )
+            raise ResourceError(
+                f"only {len(members)} workers could be started within "
+                f"{config.placement_timeout_s:g} s, fewer than min_workers="
+                f"{config.least_workers}; free resources now: {ray.available_resources()}; "
+                "lower the minimum or free resources"
+            )
+        return members
+
+    def _formation(self, members: list[Member], source: StateSource) -> FormationEnd:
+        config = self.config
+        size = len(members)
+        plan = self.plan = self.plan_for(size)
+        rendezvous = self.host.new(size, config.collective_timeout_s)
+        self.state.attempt = rendezvous.generation - 1
+        self.workers = [
+            WorkerInfo(rank, m.pid, m.node_ip, m.node_id) for rank, m in enumerate(members)
+        ]
+        forms = [
+            member.actor.form.remote(
+                rendezvous,
+                plan,
+                rank,
+                start_step=source.step,
+                snapshot=source.snapshot,
+                resume_from=source.resume_from,
+                timeout_s=config.collective_timeout_s,
+                keep=member.pid in source.keep,
+            )
+            for rank, member in enumerate(members)
+        ]
+        start = self._wait_formed(forms, members)
+        self._assembly = SnapshotAssembly(size)  # parts of this gang only
+        predicted = self.predict(plan) if self.predict is not None else None
+        self.aggregator = StepAggregator(size, predicted)
+        self.bar.start_at(start)
+        every = self._snapshot_every(plan)
+        self.state.trace.clear()  # only the gang that ran the traced steps sends records
+        traced = steps_traced(config.trace_steps, self.job)
+        streams = [Stream(m, m.actor.train.remote(every, traced)) for m in members]
+        return self._follow(streams, members)
+
+    def _snapshot_every(self, plan: Plan) -> int | None:
+        """Replicated state needs no snapshot (any survivor has it all); sharded state is
+        snapshotted as often as 2% of the training time allows, unless set. A restart
+        takes no state from memory: no snapshot."""
+        if not self.recovery.keeps_state_in_memory:
+            return 0
+        if self.config.snapshot_every is not None:
+            return self.config.snapshot_every
+        return 0 if replicated(plan) else None
+
+    def _wait_formed(self, forms: list[ray.ObjectRef], members: list[Member]) -> int:
+        """The first step of the formed gang. A member lost meanwhile counts as a failure
+        (``max_failures``) and breaks the formation (:class:`FormBroken`): the store
+        is closed, so that the others, waiting for it, return; they are given up after
+        a grace period."""
+        lost, failed = gather_forms(forms, self.config.collective_timeout_s)
+        if lost:
+            self.host.close()
+            for rank, error in lost.items():
+                self._lost(rank, error)
+            ray.wait(forms, num_returns=len(forms), timeout=GRACE_S)
+            gone = [m for rank, (m, ref) in enumerate(zip(members, forms, strict=True))
+                    if rank in lost or not ray.wait([ref], timeout=0)[0]]
+            self.supervisor.kill(gone)
+            raise FormBroken([m for m in members if m not in gone])
+        if failed is not None:
+            self.supervisor.kill(members)
+            cause = failed.cause if isinstance(failed.cause, BaseException) else failed
+            if isinstance(cause, UniparError):
+                raise cause from None
+            raise UserCodeError(f"a worker failed to form the gang:\n{failed}") from None
+        if len(ray.wait(forms, num_returns=len(forms), timeout=0)[0]) < len(forms):
+            self.supervisor.kill(members)
+            raise TrainingFailedError(
+                f"the gang did not form within collective_timeout_s="
+                f"{self.config.collective_timeout_s:g} s; check the workers' logs, or raise "
+                "it"
+            )
+        return int(ray.get(forms[0]))
+
+    def _follow(self, streams: list[Stream], members: list[Member]) -> FormationEnd:
+        config = self.config
+        dead: list[Member] = []
+        leaving: list[Member] = []
+        joiners: list[Member] = []
+        self._joiners = joiners  # killed by run() if this raises
+        reason, began, lost_at = "", 0.0, 0.0
+        stop_requested = False
+        interrupted_at: float | None = None
+        next_check = time.monotonic() + _CLUSTER_CHECK_S
+        most = self._most()  # a change of the size target is acted on at once
+        while running := [s for s in streams if not s.done]:
+            # once a stop is asked, the gang pauses within a step or two: watch closely
+            interval = _STOPPING_POLL_S if stop_requested else config.poll_interval_s
+            ray.wait([s.handle for s in running], num_returns=1, timeout=interval)
+            reports: list[StepReport] = []
+            for stream in running:
+                try:
+                    items = stream.take_ready(is_last=is_stream_end)
+                except PROCESS_LOST as error:
+                    stream.done = True
+                    if not dead:  # one loss event per gang, even mid-pause for a resize
+                        lost_at = time.monotonic()
+                        if stream.member not in leaving:  # a drained node's worker: no
+                            self._lost(members.index(stream.member), error)  # failure
+                        if not reason:
+                            reason = f"worker lost on node {stream.member.node_ip}"
+                            began = lost_at
+                    dead.append(stream.member)
+                    continue
+                for item in items:
+                    if isinstance(item, StepReport):
+                        reports.append(item)
+                    elif isinstance(item, SnapshotPart):
+                        if (whole := self._assembly.add(item)) is not None:
+                            self._snapshot = (item.step, whole)
+                    elif isinstance(item, TraceBatch):
+                        self.state.trace.extend(item.records)
+            self._record(reports)
+            now = time.monotonic()
+            if interrupted_at is None and any(isinstance(s.result, Interrupted) for s in streams):
+                interrupted_at = now
+            if not dead and interrupted_at is not None and now - interrupted_at > GRACE_S:
+                # A step failed with no peer lost: the job's code raised on some rank and
+                # the others wait in a collective; stop them (the error is raised next).
+                self.supervisor.kill([s.member for s in streams if not s.done])
+                break
+            if dead and now - lost_at > SURVIVOR_GRACE_S:
+                stuck = [s.member for s in streams if not s.done]
+                self.supervisor.kill(stuck)
+                dead += stuck
+                for stream in streams:
+                    stream.done = True
+            # a moved size target, or joiners starting up, are looked at every poll
+            # (not while the gang pauses: nothing is decided then)
+            deciding = self.recovery.follows_cluster and not dead and not stop_requested
+            target = self._most() if deciding else most
+            if deciding and (now >= next_check or target != most or self.supervisor.pending):
+                next_check, most = now + _CLUSTER_CHECK_S, target
+                leaving = on_draining_nodes(members)
+                excess = len(members) - most
+                if leaving:
+                    reason = f"node {leaving[0].node_ip} draining"
+                elif excess > 0:
+                    self.supervisor.cancel_pending()
+                    leaving = members[-excess:]
+                    reason = f"size target {most}"
+                else:
+                    joiners += self.supervisor.take_started()
+                    reason = self._grow(len(members), joiners)
+                if reason:
+                    began, stop_requested = now, True
+                    self.host.request_stop()
+            if reports and running and not dead:
+                time.sleep(max(0.0, interval - (time.monotonic() - now)))
+        return FormationEnd(streams, dead, leaving, joiners, reason, began)
+
+    def _grow(self, size: int, joiners: list[Member]) -> str:
+        """Start workers in the background toward the largest size the plan takes within
+        the room (a worker that makes no such size would hold its resources idle); once
+        they are up, the reason to re-form with them (else ""). Joiners past a size
+        target lowered meanwhile are stopped (a re-formation for them would only pause
+        the gang); workers still not placed ``_JOINER_WAIT_S`` after they were started
+        (the room went to other work meanwhile) are given up, so those up can join."""
+        most = self._most()
+        extra = size + len(joiners) + len(self.supervisor.pending) - most
+        if extra > 0:
+            self.supervisor.cancel_pending()
+            extra = size + len(joiners) - most
+            if extra > 0:
+                self.supervisor.kill(joiners[-extra:])
+                del joiners[-extra:]
+        have = size + len(joiners)
+        if have < most and not self.supervisor.pending:
+            goal = self._usable(min(most, have + self.supervisor.room()))
+            if goal > have:
+                self.supervisor.start_in_background(goal - have)
+                self._started_joiners_at = time.monotonic()
+        if joiners and self._usable(have) > size:
+            if not self.supervisor.pending:
+                return "resources free"
+            if time.monotonic() - self._started_joiners_at > _JOINER_WAIT_S:
+                self.supervisor.cancel_pending()
+                return "resources free"
+        return ""
+
+    def _lost(self, rank: int, error: BaseException) -> None:
+        lost = self._last_lost = WorkerLost(rank, error)
+        self.state.failures += 1
+        for callback in self.callbacks:
+            callback.on_failure(lost, self.state.attempt)
+        if self.state.failures > self.config.max_failures:
+            raise TrainingFailedError(
+                f"workers failed {self.state.failures} times, more than max_failures="
+                f"{self.config.max_failures}; last: {lost}. Check the workers' logs, or raise "
+                "max_failures"
+            ) from error
+
+    # -- re-forming ------------------------------------------------------------------
+
+    def _reform(self, members: list[Member], end: FormationEnd) -> tuple[list[Member], StateSource]:
+        ends = [s.result for s in end.streams if s.member not in end.dead]
+        failed = [e for e in ends if isinstance(e, Interrupted)]
+        if failed and not end.dead:
+            self.supervisor.kill(members + end.joiners)
+            error = failed[0].error
+            if isinstance(error, UniparError):
+                raise error
+            raise UserCodeError(f"a worker raised:\n{failed[0].trace}") from None
+        gone = end.dead + end.leaving
+        self.supervisor.kill(end.dead)
+        survivors = [m for m in members if m not in gone]
+        if end.dead and not self.recovery.keeps_state_in_memory:
+            return self._restart(survivors)
+        new = self._at_least_min(survivors + end.joiners)
+        new = new[: self._usable(min(len(new), max(self._most(), len(survivors))))]
+        source = self._state_source(members, end, new)
+        self.supervisor.kill(end.leaving + [m for m in survivors + end.joiners if m not in new])
+        self.aggregator_flush(source.step)
+        event = ResizeEvent(
+            source.step, len(members), len(new), end.reason, time.monotonic() - end.began
+        )
+        self._note_resize(event)
+        return new, source
+
+    def _restart(self, survivors: list[Member]) -> tuple[list[Member], StateSource]:
+        """``RESTART_FROM_CHECKPOINT`` after a loss: the gang, topped up to its size with new
+        workers, goes back to the newest disk checkpoint, else to where the run began.
+        The survivors' processes stay (torch and the dataset loaded), their state does not."""
+        self.resume_from = latest_checkpoint(self.policy.directory) or self.resume_from
+        where = f"checkpoint {self.resume_from.name}" if self.resume_from else "the start"
+        self.bar.note(
+            f"[unipar] {self._last_lost}; restarting from {where} "
+            f"(failure {self.state.failures} of at most {self.config.max_failures})"
+        )
+        return self._at_least_min(survivors), disk_source(self.resume_from)
+
+    def _note_resize(self, event: ResizeEvent) -> None:
+        self.resizes.append(event)
+        self.metrics.write_event({"event": "resize", **event_record(event)})
+        self.bar.note(f"[unipar] resize {event}")
+        for callback in self.callbacks:
+            callback.on_resize(event)
+
+    def _reform_broken(
+        self, members: list[Member], source: StateSource, broken: FormBroken
+    ) -> tuple[list[Member], StateSource]:
+        """The next gang after members were lost while one formed: the survivors (topped
+        up to the minimum) from the same state (a formation trains no step). Survivors
+        that kept their replica's state keep it, or one of them writes it out for all."""
+        began = time.monotonic()
+        new = self._at_least_min(broken.survivors)
+        new = new[: self._usable(min(len(new), self._most()))]
+        self.supervisor.kill([m for m in broken.survivors if m not in new])
+        if source.keep:
+            holders = [m for m in new if m.pid in source.keep]
+            if not holders:
+                source = self._lost_holders_source()
+            elif len(holders) < len(new) or not replicated(self.plan_for(len(new))):
+                source = StateSource(source.step, snapshot=[export_state(holders, new)])
+            else:
+                source = StateSource(source.step, keep=frozenset(m.pid for m in holders))
+        event = ResizeEvent(source.step, len(members), len(new),
+                            "worker lost while the gang formed", time.monotonic() - began)
+        self._note_resize(event)
+        return new, source
+
+    def _lost_holders_source(self) -> StateSource:
+        """The state once no process holds it: the newer of the snapshot and the disk."""
+        disk = disk_source(latest_checkpoint(self.policy.directory) or self.resume_from)
+        if self._snapshot is not None and self._snapshot[0] >= disk.step:
+            return self._from_snapshot()
+        return disk  # the newer state: fewer steps redone
+
+    def _most(self) -> int:
+        """The most workers now: the size target's, within the job's range."""
+        target = self.size_target() if self.size_target is not None else None
+        return bounded(target, self.config.least_workers, self.config.workers)
+
+    def _usable(self, size: int) -> int:
+        """The largest size up to ``size`` that the plan can be derived for."""
+        for n in range(size, self.config.least_workers - 1, -1):
+            try:
+                self.plan_for(n)
+                return n
+            except UniparError:
+                continue
+        return size  # plan_for raises the reason when the gang forms
+
+    def _state_source(
+        self, members: list[Member], end: FormationEnd, new: list[Member]
+    ) -> StateSource:
+        ends = {s.member.pid: s.result for s in end.streams}
+        if not end.dead:
+            step = next(e.step for e in ends.values() if isinstance(e, Paused))
+            if self._snapshot is not None and self._snapshot[0] == step:
+                return self._from_snapshot()
+            return disk_source(self.resume_from)  # paused before the first step
+        survivors = [m for m in members if m not in end.dead]
+        committed = {m.pid: committed_steps(ends.get(m.pid)) for m in survivors}
+        assert self.plan is not None
+        if replicated(self.plan) and max(committed.values(), default=0) > 0:
+            # Replicas: those with the most committed steps hold the whole state. If the
+            # new gang is only them under a replicated plan, they keep it as it is;
+            # otherwise one of them writes it to memory for all.
+            top = max(committed.values())
+            holders = [m for m in survivors if committed.get(m.pid) == top]
+            if replicated(self.plan_for(len(new))) and all(m in holders for m in new):
+                return StateSource(top, keep=frozenset(m.pid for m in new))
+            return StateSource(top, snapshot=[export_state(holders, new)])
+        return self._lost_holders_source()
+
+    def _from_snapshot(self) -> StateSource:
+        assert self._snapshot is not None
+        step, parts = self._snapshot
+        return StateSource(step, snapshot=[ray.put(part) for part in parts])
+
+    # -- progress --------------------------------------------------------------------
+
+    def aggregator_flush(self, below: int) -> None:
+        """Record steps below ``below`` that some rank committed but whose reports are
+        incomplete (a rank died after the step): their loss is the reporting ranks'."""
+        self._record_metrics(self.aggregator.flush_below(below, self.state.attempt))
+
+    def _record(self, reports: list[StepReport]) -> None:
+        self._record_metrics(self.aggregator.add(reports, self.state.attempt))
+
+    def _record_metrics(self, completed) -> None:  # type: ignore[no-untyped-def]
+        for metrics in completed:
+            self.state.history[metrics.step] = metrics
+            self.metrics.write(metrics)
+            self.bar.update(metrics)
+            for callback in self.callbacks:
+                callback.on_step(metrics, self.workers)
