@@ -188,10 +188,25 @@ def solve(cost: np.ndarray, configs: list[Config], cluster: TypedCluster,
     res = milp(cost[jobs, cols], integrality=np.ones(n), bounds=Bounds(lower, np.ones(n)),
                constraints=LinearConstraint(a, -np.inf, upper),
                options={"mip_rel_gap": 1e-4, "time_limit": 30.0})
-    if res.x is None:
-        raise ConfigError(f"Sia's program found no solution: {res.message}")
+    if res.x is None:  # out of time before any solution: the cheapest first, greedily
+        return _greedy(cost, jobs, cols, gpus, type_row, upper[len(job_ids):], pinned)
     picked = np.nonzero(res.x > 0.5)[0]
     return {int(jobs[k]): int(cols[k]) for k in picked}
+
+
+def _greedy(cost, jobs, cols, gpus, type_row, capacity, pinned) -> dict[int, int]:
+    """Pinned jobs first, then (job, configuration) pairs by rising cost while GPUs last."""
+    left = capacity.astype(float).copy()
+    out: dict[int, int] = {}
+    for i, c in pinned.items():
+        out[i] = c
+        left[type_row[(jobs == i) & (cols == c)][0]] -= gpus[(jobs == i) & (cols == c)][0]
+    for k in np.argsort(cost[jobs, cols], kind="stable"):
+        i, t = int(jobs[k]), type_row[k]
+        if i not in out and gpus[k] <= left[t]:
+            out[i] = int(cols[k])
+            left[t] -= gpus[k]
+    return out
 
 
 def place_typed(demands: dict[str, list[tuple[str, int]]],

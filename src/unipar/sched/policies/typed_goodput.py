@@ -18,12 +18,15 @@ running job's goodput at any other configuration is scaled by Pollux's reallocat
 application's restart seconds: a move pays only when the time it saves exceeds the restart.
 A job still restarting keeps its GPUs.
 
-Search: the integer program is a multiple-choice knapsack with one capacity per GPU type.
-We solve it exactly with HiGHS (scipy's ``milp``) after two reductions that keep the
-optimum: per job and type only configurations cheaper than every smaller one of the same
-type (a dominated one can be swapped for the smaller at no loss), and only as many jobs
-as there are GPUs (the first submitted); its LP relaxation has at most one fractional job
-per type, so branch and bound closes in a few nodes.
+Search (:mod:`unipar.sched.assign`): the integer program is a multiple-choice knapsack with
+one capacity per GPU type, every admitted job getting a configuration; it admits as many
+jobs as there are GPUs, the first submitted (jobs still restarting first). After a
+reduction that keeps the optimum (per job and type only configurations cheaper than every
+smaller one of the same type: a dominated one can be swapped for the smaller at no loss),
+it is solved exactly by dynamic programming over the GPUs used per type where
+those states are few (Sia's 64 GPUs: 25·17·25), else by its LP relaxation (HiGHS), which
+has at most one fractional job per type, rounded. Deterministic, and tens of milliseconds
+for 960 jobs on 64 GPUs.
 """
 
 from __future__ import annotations
