@@ -228,3 +228,17 @@ def test_cli_runs_a_typed_cluster_and_refuses_bad_input(apps, tmp_path, capsys):
     assert "unknown GPU type 'v100'" in capsys.readouterr().err
     assert main(["simulate", str(work), "--cluster", "1xaws", "--policy", "tiresias"]) != 0
     assert "knows one GPU type" in capsys.readouterr().err
+
+
+def test_sia_fallback_fill_keeps_pinned_jobs_and_capacity():
+    """Where HiGHS runs out of time before any solution, Sia's round still answers."""
+    from unipar.sched.policies.sia import _greedy
+
+    cost = np.array([[-0.5, -0.9], [-0.8, -0.2], [-0.7, -0.6]])
+    jobs, cols = np.nonzero(cost < 0)
+    gpus = np.array([1.0, 4.0] * 3)
+    kinds = np.zeros(6, dtype=int)
+    out = _greedy(cost, jobs, cols, gpus, kinds, np.array([5.0]), {1: 1})
+    # job 1 pinned on its 4 GPUs; of the rest by rising cost, job 0's 4 GPUs no longer fit,
+    # job 2's one GPU does
+    assert out == {1: 1, 2: 0}
