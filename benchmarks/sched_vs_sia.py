@@ -172,12 +172,14 @@ def main() -> None:
     ref = args.reference
     pub = published(ref)
     counts = {t: (2 if args.quick else n) for t, n in TRACES.items()}
-    counts = {t: min(getattr(args, t) or n, TRACES[t]) for t, n in counts.items()}
+    counts = {t: min(n if getattr(args, t) is None else getattr(args, t), TRACES[t])
+              for t, n in counts.items()}
+    counts = {t: n for t, n in counts.items() if n > 0}
     # Philly first, workload by workload: partial results come early
     tasks = [(str(ref), t, w, p.value, HETERO) for t, n in counts.items()
              for w in range(1, n + 1) for p in POLICIES]
     tasks += [(str(ref), "philly", w, TypedPolicyName.UNIPAR.value, HOMO)
-              for w in range(1, counts["philly"] + 1)]
+              for w in range(1, counts.get("philly", 0) + 1)]
     print(f"== {len(tasks)} simulations, {args.processes} processes; workloads "
           f"{', '.join(f'{t} 1-{n}' for t, n in counts.items())} ==")
     runs = run_all(tasks, args.out, args.resume, args.processes)
@@ -186,7 +188,7 @@ def main() -> None:
         for p in POLICIES:
             stats[(t, p)] = summarise([r for r in runs if (r["trace"], r["policy"],
                                                            r["cluster"]) == (t, p.value, HETERO)])
-    homo = summarise([r for r in runs if r["cluster"] == HOMO])
+    homo = summarise([r for r in runs if r["cluster"] == HOMO]) if "philly" in counts else None
 
     print("== heterogeneous 64 GPUs: ours (published), hours ==")
     for t in counts:
@@ -224,11 +226,13 @@ def main() -> None:
         print(f"{t:8s} mean: unipar {u['avg']:.3f} h / published Sia x{vs_pub[-1]:.3f}, / our "
               f"Sia x{vs_ours[-1]:.3f}, / our Pollux x{u['avg'] / o['avg']:.3f}")
     homo_sia = pub[("homogeneous-64-t4", "philly", "sia")]
-    print(f"== homogeneous 64 T4, Philly: unipar {homo['avg']:.3f} h (published Sia "
-          f"{homo_sia['avg_jct_h']:.1f} h) x{homo['avg'] / homo_sia['avg_jct_h']:.3f}; p99 "
-          f"{homo['p99']:.1f} ({homo_sia['p99_jct_h']:.1f}), makespan {homo['makespan']:.1f} "
-          f"({homo_sia['makespan_h']:.1f}), GPU-h/job {homo['gpu_h']:.2f} "
-          f"({homo_sia['gpu_h_per_job']:.1f}) ==")
+    homo_ratio = homo["avg"] / homo_sia["avg_jct_h"] if homo else float("nan")
+    if homo:
+        print(f"== homogeneous 64 T4, Philly: unipar {homo['avg']:.3f} h (published Sia "
+              f"{homo_sia['avg_jct_h']:.1f} h) x{homo_ratio:.3f}; p99 {homo['p99']:.1f} "
+              f"({homo_sia['p99_jct_h']:.1f}), makespan {homo['makespan']:.1f} "
+              f"({homo_sia['makespan_h']:.1f}), GPU-h/job {homo['gpu_h']:.2f} "
+              f"({homo_sia['gpu_h_per_job']:.1f}) ==")
 
     print("== one scheduling round: median (min-max) over 3 alternated repeats ==")
     apps = load_typed_applications(ref)
@@ -241,18 +245,17 @@ def main() -> None:
                   f"({min(t['wall']):.3f}-{max(t['wall']):.3f}), CPU "
                   f"{np.median(t['cpu']):.3f} s ({min(t['cpu']):.3f}-{max(t['cpu']):.3f})")
     unipar = TypedPolicyName.UNIPAR
+    fidelity_keys = " ".join(f"{p.value}_fidelity_{t}={f:.3f}"
+                             for (t, p), f in fidelity.items())
     print(
         f"RESULT vs_sia={np.mean(vs_pub):.3f} vs_sia_ours={np.mean(vs_ours):.3f} "
-        f"worst_workload={max(ratios):.3f} "
-        f"sia_fidelity_philly={fidelity[('philly', TypedPolicyName.SIA)]:.3f} "
-        f"sia_fidelity_newtrace={fidelity[('newtrace', TypedPolicyName.SIA)]:.3f} "
-        f"pollux_fidelity_philly={fidelity[('philly', TypedPolicyName.POLLUX)]:.3f} "
-        f"pollux_fidelity_newtrace={fidelity[('newtrace', TypedPolicyName.POLLUX)]:.3f} "
-        f"homogeneous_vs_sia={homo['avg'] / homo_sia['avg_jct_h']:.3f} "
+        f"worst_workload={max(ratios):.3f} {fidelity_keys} "
+        f"homogeneous_vs_sia={homo_ratio:.3f} "
         f"round_960_s={np.median(small[unipar]['wall']):.3f} "
         f"round_960_cpu_s={np.median(small[unipar]['cpu']):.3f} "
         f"round_15360_s={np.median(large[unipar]['wall']):.3f} "
-        f"round_15360_cpu_s={np.median(large[unipar]['cpu']):.3f}"
+        f"round_15360_cpu_s={np.median(large[unipar]['cpu']):.3f} "
+        f"workloads={'+'.join(f'{t}:{n}' for t, n in counts.items())}"
     )
 
 
