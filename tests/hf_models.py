@@ -8,8 +8,9 @@ import os
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
-from unipar.job import Job, OptimizerSpec
+from unipar.job import Job, OptimizerSpec, cross_entropy_loss
 from unipar.testing import RandomTokens
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -72,14 +73,21 @@ def mistral():  # type: ignore[no-untyped-def]
 
 
 class UserModelAroundGPT2(nn.Module):
-    """A user's own module holding a Hugging Face model."""
+    """A user's own module holding a Hugging Face model, calling it by keyword."""
 
     def __init__(self) -> None:
         super().__init__()
         self.gpt = gpt2()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.gpt(tokens).logits
+        return self.gpt(input_ids=tokens).logits
+
+
+def logits_loss(output, targets):  # type: ignore[no-untyped-def]
+    """A user's loss that reads ``.logits`` (the model's ``ModelOutput`` under every plan,
+    pipeline parallel included)."""
+    logits = output.logits
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
 FAMILIES = {"llama": llama, "qwen2": qwen2, "gpt2": gpt2}  # trained in the parity tests
@@ -87,6 +95,8 @@ CHECKED_ONLY = {
     "mistral": mistral,
     "gpt2-in-user-model": UserModelAroundGPT2,
 }  # its stages and tensor-parallel roles checked
+# a family trained with the user's own loss instead of unipar's default one
+LOSSES = {"llama": logits_loss}
 
 
 def hf_job(family: str, *, steps: int = 3, global_batch_size: int = 8) -> Job:
@@ -97,4 +107,5 @@ def hf_job(family: str, *, steps: int = 3, global_batch_size: int = 8) -> Job:
         global_batch_size=global_batch_size,
         steps=steps,
         optimizer=OptimizerSpec(lr=1e-3),
+        loss=LOSSES.get(family, cross_entropy_loss),
     )

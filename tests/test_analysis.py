@@ -104,3 +104,24 @@ def test_repeated_blocks_with_the_residual_outside_cost_the_same():
     for block in profile.layers[1:]:
         assert block.forward_flops == first.forward_flops
         assert block.memory_ops == first.memory_ops
+
+
+def test_analysis_never_imports_the_compiler():
+    """Planning from a cold process does not pay for torch._dynamo (about 1 s of CPU):
+    a GPT analysed on meta in a fresh interpreter leaves it unimported. Fails if the
+    elementwise ops' meta kernels bring it back. About 3 s."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from unipar.analysis import analyze\n"
+        "from unipar.models import GPTConfig\n"
+        "spec = GPTConfig(vocab_size=512, seq_len=64, hidden=64, layers=2, heads=4).spec()\n"
+        "analyze(spec.factory, spec.sample_shape, hidden=64)\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+

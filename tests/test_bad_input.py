@@ -284,6 +284,13 @@ JOB_FIELDS = [
         {"adaptive": AdaptiveBatch(64), "optimizer": OptimizerSpec("adagrad")},
         "Job.optimizer is adagrad with no rule",
     ),
+    ({"call": "keyword"}, r"Job.call must be one of 'positional', 'kwargs' \(ModelCall\)"),
+    ({"collate": 3}, r"Job.collate must be callable"),
+    ({"step": "mine"}, r"Job.step must be callable"),
+    (
+        {"step": lambda model, batch, ctx: model(batch[0]).mean(), "adaptive": AdaptiveBatch(64)},
+        "an adaptive batch checks that the job's loss is a mean over samples",
+    ),
 ]
 
 

@@ -15,7 +15,7 @@ from plans_for_tests import planned
 
 from unipar import ConfigError, UnsupportedPlanError
 from unipar.analysis import LayerKind, layer_sequence
-from unipar.models.hf import output_tensor
+from unipar.model_call import ModelCall
 from unipar.plan import PipelineSchedule, TensorParallelStyle
 from unipar.plan.for_job import job_model_spec
 from unipar.runtime.parallel import stages
@@ -55,7 +55,8 @@ def test_planner_sees_blocks_head_and_model_facts(family):
 @pytest.mark.parametrize("family", [*FAMILIES, *CHECKED_ONLY])
 @pytest.mark.parametrize("cuts", [(2,), (1, 2, 3)], ids=["2-stages", "4-stages"])
 def test_stages_run_hf_forward_and_compose_to_the_whole_model(family, cuts):
-    """``cuts``: the blocks where stages 2, 3, ... start."""
+    """``cuts``: the blocks where stages 2, 3, ... start. The last stage gives the whole
+    model's output in its own type (a ``ModelOutput`` with ``logits``)."""
     torch.manual_seed(0)
     model = (FAMILIES | CHECKED_ONLY)[family]()
     names = [name for name, _ in layer_sequence(model)]
@@ -63,14 +64,23 @@ def test_stages_run_hf_forward_and_compose_to_the_whole_model(family, cuts):
     bounds = [0, *(first_block + c for c in cuts), len(names)]
     chunks = [names[a:b] for a, b in itertools.pairwise(bounds)]
     sample = torch.randint(0, VOCAB, (2, SEQ))
-    assert stages.removal_for(model, chunks, sample) is stages.Removal.HUGGING_FACE
-    built = [stages.build_stage(model, chunk, stages.Removal.HUGGING_FACE) for chunk in chunks]
+    stages.check_stages_compose(model, chunks, sample, ModelCall.POSITIONAL)
+    built = [stages.build_stage(model, chunk) for chunk in chunks]
+    runs = [
+        stages.attach_stage_forward(stage, chunks, index, ModelCall.POSITIONAL)
+        for index, stage in enumerate(built)
+    ]
     with torch.no_grad():
-        expected = output_tensor(model(sample))
-        h = sample
+        expected = model(sample)
+        h: tuple = ()
         for stage in built:
-            h = stage(h)
-    torch.testing.assert_close(h, expected, rtol=1e-5, atol=1e-5)
+            h = (stage(*h, batch=sample),)
+        output = runs[-1].rebuild(h[0])
+    assert type(output) is type(expected)
+    torch.testing.assert_close(
+        getattr(output, "logits", output), getattr(expected, "logits", expected),
+        rtol=1e-5, atol=1e-5,
+    )
     # Each stage keeps only its own parameters, under their whole-model names.
     held = [{n for n, _ in stage.named_parameters()} for stage in built]
     everything = {n for n, _ in model.named_parameters(remove_duplicate=False)}
@@ -127,24 +137,51 @@ def test_planner_refuses_tp_that_splits_heads():
 
 
 def test_unknown_family_refused_for_tp_naming_the_layer():
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+    """BLOOM declares no tensor-parallel plan and names its layers by none of the roles
+    unipar knows."""
+    from transformers import BloomConfig, BloomForCausalLM
 
     def model():  # type: ignore[no-untyped-def]
-        return GPTNeoXForCausalLM(
-            GPTNeoXConfig(
-                hidden_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                intermediate_size=64,
-                vocab_size=VOCAB,
-            )
+        return BloomForCausalLM(
+            BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=VOCAB)
         )
 
     job = hf_job("llama")
     job = type(job)(**{**job.__dict__, "model": model})
     plan = planned(job, 2, tp=2)
-    with pytest.raises(UnsupportedPlanError, match=r"cannot split layer 'gpt_neox\.layers\.0'"):
+    with pytest.raises(UnsupportedPlanError, match=r"cannot split layer 'transformer\.h\.0'"):
         check_plan_for_model(model(), plan)
+
+
+def test_tensor_parallel_follows_the_models_own_plan():
+    """GPT-NeoX names its layers by none of the roles unipar knows by name
+    (``query_key_value``, ``dense_h_to_4h``, ...), but declares its own plan
+    (``base_model_tp_plan``): the roles are the plan's."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from unipar.runtime.parallel.tensor import tensor_parallel_roles
+
+    def model():  # type: ignore[no-untyped-def]
+        config = GPTNeoXConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=64, vocab_size=VOCAB,
+        )
+        return GPTNeoXForCausalLM(config)
+
+    job = hf_job("llama")
+    job = type(job)(**{**job.__dict__, "model": model})
+    roles = tensor_parallel_roles(model(), planned(job, 2, tp=2))
+    block = {
+        k.removeprefix("gpt_neox.layers.0."): role.value
+        for k, role in roles.items()
+        if ".layers.0." in k
+    }
+    assert block == {
+        "attention.query_key_value": "column",
+        "attention.dense": "row",
+        "mlp.dense_h_to_4h": "column",
+        "mlp.dense_4h_to_h": "row",
+    }
 
 
 def test_meta_analysis_counts_hf_blocks():

@@ -149,5 +149,5 @@ def test_auto_keeps_all_reduce_for_a_job_the_servers_cannot_run(ray_cluster, tmp
     job = ctr_job(rows=2_000_000, optimizer=momentum, steps=2)
     result = fit(job, workers=2, plan="auto", run_dir=tmp_path, progress=False)
     assert result.plan.grad_sync is GradSync.ALL_REDUCE
-    assert result.plan.mesh.tp == 1  # the 1-wide output layer takes no tp=2
+    assert result.plan.mesh.world_size == 2  # (tp=2 too: the 1-wide head stays replicated)
     assert len(result.history) == 2

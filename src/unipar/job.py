@@ -17,12 +17,17 @@ from unipar import checks
 from unipar.adapt.config import AdaptiveBatch
 from unipar.adapt.lr import RULED_KINDS, allowed_rules
 from unipar.errors import ConfigError
+from unipar.model_call import ModelCall
 from unipar.optimizer import LRSchedule, OptimizerSpec
 
 ModelFactory = Callable[[], nn.Module]
 DatasetFactory = Callable[[], "torch.utils.data.Dataset[Any]"]
-LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LossFunction = Callable[[Any, Any], torch.Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+# samples -> (inputs, targets), each a tensor or a tuple/list/dict of them, nested
+CollateFunction = Callable[[list[Any]], tuple[Any, Any]]
+# (model, (inputs, targets), ctx) -> loss; ctx: unipar.runtime.step_context.StepContext
+StepFunction = Callable[[nn.Module, tuple[Any, Any], Any], torch.Tensor]
 
 
 def cross_entropy_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -40,6 +45,18 @@ class Job:
     The dataset yields ``(inputs, targets)`` pairs; the model maps a batch of
     inputs to outputs and ``loss(outputs, targets)`` reduces them to a scalar mean.
     ``global_batch_size`` counts samples per optimizer step over all workers.
+
+    Inputs and targets may be tensors or tuples, lists or dicts of tensors, nested
+    (``{"input_ids": ..., "attention_mask": ...}``); the leading dimension of every
+    tensor is the batch dimension. ``collate`` turns a list of samples into a batch
+    (default: ``torch.utils.data.default_collate``); ``call`` says whether the model
+    takes the batch's inputs as ``model(inputs)`` or ``model(**inputs)``.
+
+    ``step``: your own step, ``step(model, (inputs, targets), ctx) -> loss``, in place
+    of ``loss(model(inputs), targets)`` (several losses, a loss that needs other ranks'
+    data); ``ctx`` is a :class:`~unipar.runtime.step_context.StepContext` (the run's
+    device mesh, its process groups per axis, the plan, the rank). The runtime scales
+    the loss and runs backward as for ``loss``.
     """
 
     model: ModelFactory
@@ -54,6 +71,9 @@ class Job:
     grad_clip_norm: float | None = None
     # adapt the batch (and the learning rate) between global_batch_size and a bound
     adaptive: AdaptiveBatch | None = None
+    call: ModelCall = ModelCall.POSITIONAL
+    collate: CollateFunction | None = None
+    step: StepFunction | None = None
 
     def __post_init__(self) -> None:
         checks.callable_("Job.model", self.model, "a factory returning an nn.Module")
@@ -76,6 +96,16 @@ class Job:
             checks.number("Job.grad_clip_norm", self.grad_clip_norm, above=0)
         if self.adaptive is not None:
             self._check_adaptive()
+        object.__setattr__(self, "call", checks.member("Job.call", self.call, ModelCall))
+        if self.collate is not None:
+            checks.callable_("Job.collate", self.collate, "collate(samples) -> (inputs, targets)")
+        if self.step is not None:
+            checks.callable_("Job.step", self.step, "step(model, (inputs, targets), ctx) -> loss")
+            if self.adaptive is not None:
+                raise ConfigError(
+                    "an adaptive batch checks that the job's loss is a mean over samples, which "
+                    "it cannot do for a custom Job.step; leave out one of step and adaptive"
+                )
 
     def _check_adaptive(self) -> None:
         """An adaptive batch that fits the job: a bound above M0, a rule for its optimizer."""

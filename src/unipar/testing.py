@@ -125,8 +125,13 @@ class UserModel(nn.Module):
         return self.head(x)
 
 
-def _job(name: str, model, dataset, loss=None, steps: int = 10, batch: int = 8) -> Job:  # type: ignore[no-untyped-def]
-    extra = {"loss": loss} if loss is not None else {}
+def small_job(  # type: ignore[no-untyped-def]
+    name: str, model, dataset, loss=None, steps: int = 10, batch: int = 8, **extra
+) -> Job:
+    """A job of ``steps`` steps of ``batch`` samples, Adam at 1e-3; ``extra``: other Job
+    fields (``call``, ``collate``, ``step``)."""
+    if loss is not None:
+        extra["loss"] = loss
     return Job(
         name=name,
         model=model,
@@ -143,7 +148,7 @@ def tiny_llama_job(*, steps: int = 10, global_batch_size: int = 8) -> Job:
         vocab_size=64, seq_len=16, hidden=32, layers=2, heads=4, kv_heads=2, ffn_hidden=64
     )
     dataset = functools.partial(RandomTokens, 256, config.seq_len, config.vocab_size)
-    return _job(
+    return small_job(
         "tiny-llama", functools.partial(Llama, config), dataset, None, steps, global_batch_size
     )
 
@@ -151,11 +156,11 @@ def tiny_llama_job(*, steps: int = 10, global_batch_size: int = 8) -> Job:
 def tiny_mlp_job(*, steps: int = 10, global_batch_size: int = 8) -> Job:
     config = MLPConfig(in_features=16, hidden=32, layers=2, out_features=4, expansion=4)
     dataset = functools.partial(RandomRegression, 256, 16, 4)
-    return _job(
+    return small_job(
         "tiny-mlp", functools.partial(MLP, config), dataset, mse_loss, steps, global_batch_size
     )
 
 
 def user_model_job(*, steps: int = 10, global_batch_size: int = 8, model=UserModel) -> Job:  # type: ignore[no-untyped-def]
     dataset = functools.partial(RandomRegression, 256, 16, 4)
-    return _job("user-model", model, dataset, mse_loss, steps, global_batch_size)
+    return small_job("user-model", model, dataset, mse_loss, steps, global_batch_size)

@@ -14,9 +14,11 @@ growing the batch to 120 and doubling the time to the benchmark's target (README
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
+from unipar.data.batch import concat
 from unipar.errors import ConfigError
 
 
@@ -40,12 +42,13 @@ def squared_norm(
     return float(total)
 
 
-def check_mean_loss(loss_fn, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+def check_mean_loss(loss_fn, outputs: Any, targets: Any) -> None:
     """The noise estimate scales gradients by their batch: the loss must be a mean over
-    samples. A mean is the same on the batch repeated twice; a sum doubles."""
+    samples. A mean is the same on the batch repeated twice; a sum doubles. ``outputs``
+    and ``targets``: tensors or trees of them (a ``ModelOutput``, a dict of labels)."""
     with torch.no_grad():
         once = float(loss_fn(outputs, targets))
-        twice = float(loss_fn(torch.cat([outputs, outputs]), torch.cat([targets, targets])))
+        twice = float(loss_fn(concat([outputs, outputs]), concat([targets, targets])))
     if not abs(twice - once) <= 1e-4 * max(abs(once), 1e-8):
         raise ConfigError(
             f"adaptive batch needs a loss that is a mean over samples (the same on a batch "

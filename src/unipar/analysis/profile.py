@@ -23,13 +23,15 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import flop_registry
 
-from unipar.analysis.meta import NotCompiled, build_on_meta
+from unipar.analysis.meta import NotCompiled, branch_on_meta, build_on_meta
 from unipar.errors import ConfigError
+from unipar.model_call import ModelCall
 
 _VIEW_LIKE = {"_unsafe_view", "alias", "detach"}
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
@@ -147,13 +149,22 @@ def block_list(model: nn.Module) -> str | None:
 
 
 def layer_kind(module: nn.Module, index: int, count: int) -> LayerKind:
-    if isinstance(module, nn.Embedding):
+    if isinstance(module, nn.Embedding) or _embeddings_only(module):
         return LayerKind.EMBEDDING
     if index == count - 1 and isinstance(module, nn.Linear):
         return LayerKind.HEAD
     if sum(1 for _ in module.parameters()) > 4 and any(True for _ in module.children()):
         return LayerKind.BLOCK
     return LayerKind.OTHER
+
+
+def _embeddings_only(module: nn.Module) -> bool:
+    """A layer of embedding tables and norms only (BERT's word, position and token type
+    embeddings with their LayerNorm): an embedding layer, not a block."""
+    holders = [m for m in module.modules() if any(True for _ in m.parameters(recurse=False))]
+    embeddings = [m for m in holders if isinstance(m, nn.Embedding)]
+    norms = [m for m in holders if type(m).__name__.endswith(("Norm", "LayerNorm"))]
+    return bool(embeddings) and len(embeddings) + len(norms) == len(holders)
 
 
 def is_attention_scores(t: object, seq: int | None) -> bool:
@@ -215,10 +226,7 @@ class _Recorder(NotCompiled):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        if func is torch.ops.aten._local_scalar_dense.default and _is_meta_bool(args[0]):
-            # A branch on data (Hugging Face's mask code checks ``(...).all()`` for
-            # packed sequences): meta tensors hold none; take the true branch, which
-            # is the plain batch's (one sequence per row).
+        if branch_on_meta(func, args):
             return True
         out = func(*args, **kwargs)
         bucket = self._bucket()
@@ -281,33 +289,32 @@ def _is_mask_or_scores(t: torch.Tensor, seq: int | None) -> bool:
     return mask or is_attention_scores(t, seq)
 
 
-def _is_meta_bool(x: object) -> bool:
-    return isinstance(x, torch.Tensor) and x.is_meta and x.dtype is torch.bool
-
-
 def _is_tensor(x: object) -> bool:
     return isinstance(x, torch.Tensor)
 
 
 def analyze(
     model: nn.Module | Callable[[], nn.Module],
-    sample_input: Callable[[], torch.Tensor] | torch.Size | tuple[int, ...],
+    sample_input: Callable[[], Any] | torch.Size | tuple[int, ...],
     *,
     input_dtype: torch.dtype = torch.long,
     hidden: int | None = None,
     tp_divisibility: tuple[tuple[str, int], ...] = (),
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    target: tuple[tuple[int, ...], torch.dtype] | None = None,
+    loss: Callable[[Any, Any], torch.Tensor] | None = None,
+    target: tuple[tuple[int, ...], torch.dtype] | Callable[[], Any] | None = None,
     attention_seq: int | None = None,
     causal_attention: bool = True,
+    call: ModelCall = ModelCall.POSITIONAL,
 ) -> ModelProfile:
     """Profile ``model`` (a module built on the meta device, left as it was, or a factory
-    to build one) on one sample of shape ``sample_input`` (batch of 1).
+    to build one) on one sample of shape ``sample_input`` (batch of 1), or on the inputs
+    ``sample_input()`` returns (any tree of tensors, batch of 1), passed as ``call`` says.
 
     ``hidden``: the model's residual width, which tells replicated from sharded
     tensors under tensor parallelism (``None``: everything counts as sharded).
-    ``loss`` with ``target`` (one target's shape and dtype): the training loss, whose
-    ops are counted with the last layer, as the step runs them after it.
+    ``loss`` with ``target`` (one target's shape and dtype, or a factory of one
+    sample's targets): the training loss, whose ops are counted with the last layer,
+    as the step runs them after it.
     ``attention_seq``: the sequence length, which tells attention scores (``seq x seq``)
     apart (``None``: no attention core is told apart); ``causal_attention``: whether
     attention is causal (a fused kernel computes half the scores).
@@ -357,10 +364,9 @@ def analyze(
         handles.append(module.register_forward_hook(leave))
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), recorder:
-            outputs = model(inputs)
+            outputs = call(model, inputs)
             if loss is not None and target is not None:
-                shape, dtype = target
-                loss(outputs, torch.zeros((1, *shape), dtype=dtype, device="meta"))
+                loss(outputs, _meta_targets(target))
     finally:
         for handle in handles + memo_handles:
             handle.remove()
@@ -375,6 +381,15 @@ def analyze(
         recorder.attention[name] = list(recorder.attention.get(first, []))
     profile = _profile(sequence, recorder, hidden, tp_divisibility)
     return replace(profile, causal_attention=causal_attention, attention_seq=attention_seq)
+
+
+def _meta_targets(target: tuple[tuple[int, ...], torch.dtype] | Callable[[], Any]) -> Any:
+    """One sample's targets on the meta device."""
+    with torch.device("meta"):
+        if callable(target):
+            return target()
+        shape, dtype = target
+        return torch.zeros((1, *shape), dtype=dtype)
 
 
 def _signature(module: nn.Module) -> tuple:

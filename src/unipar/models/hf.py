@@ -6,22 +6,18 @@ unipar runs without the package and a model built from it needs no special wrapp
 - :func:`is_hf_model`: a ``PreTrainedModel``.
 - :func:`hf_model_facts`: residual width and the sizes tensor parallelism must divide
   (heads, key/value heads, MLP width, vocabulary), read from the model's config.
-- :func:`stage_forward`: a pipeline stage runs the model's own forward (masks, position
-  ids, rotary tables, cache off) on token ids (first stage) or on the previous stage's
-  hidden states passed as ``inputs_embeds``; the stage returns one tensor.
-- :class:`ZeroEmbedding`: stands in for a position embedding on later stages (GPT-2
-  adds ``wpe(position_ids)`` to ``inputs_embeds`` on every call).
+- :func:`tp_plan`: the model's own tensor-parallel plan (``_tp_plan``, or its config's
+  ``base_model_tp_plan``), which the runtime follows where the model has one.
 - :func:`is_conv1d`, :func:`fused_qkv_attention`: GPT-2's ``Conv1D`` (weight stored
   (in, out), transposed against ``nn.Linear``) and its fused ``c_attn``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
 from unipar.errors import UnsupportedPlanError
@@ -32,6 +28,36 @@ COVERED_FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
 def is_hf_model(model: nn.Module) -> bool:
     """Whether ``model`` is a ``transformers.PreTrainedModel`` (any version)."""
     return any(cls.__name__ == "PreTrainedModel" for cls in type(model).__mro__)
+
+
+def tp_plan(model: nn.Module) -> dict[str, str]:
+    """The tensor-parallel plan a ``transformers`` model declares for itself, for
+    ``model`` and any such model inside it: ``{module path pattern ('*' for a layer
+    index), from ``model``: style ('colwise', 'rowwise', 'embedding_rowwise',
+    'colwise_gather_output', ...)}``, read from each model's ``_tp_plan`` (which
+    ``transformers`` fills from its config's ``base_model_tp_plan``), else from the
+    config. Empty where none declares one (GPT-2, BERT)."""
+    plan: dict[str, str] = {}
+    for prefix, module in model.named_modules():
+        if not is_hf_model(module):
+            continue
+        entries = dict(getattr(module, "_tp_plan", None) or {})
+        if not entries:
+            base = getattr(getattr(module, "config", None), "base_model_tp_plan", None) or {}
+            inner = getattr(module, "base_model_prefix", "")
+            lead = f"{inner}." if inner and hasattr(module, inner) else ""
+            entries = {f"{lead}{key}": style for key, style in base.items()}
+        for key, style in entries.items():
+            plan.setdefault(f"{prefix}.{key}" if prefix else key, style)
+    return plan
+
+
+def declared_style(plan: dict[str, str], path: str) -> str | None:
+    """The style ``plan`` (:func:`tp_plan`) gives the module at ``path``, if any."""
+    for pattern, style in plan.items():
+        if re.fullmatch(re.escape(pattern).replace(r"\*", r"[^.]+"), path):
+            return style
+    return None
 
 
 def is_conv1d(module: nn.Module) -> bool:
@@ -56,10 +82,11 @@ def _config_value(config: Any, *names: str) -> int | None:
 
 def hf_model_facts(model: nn.Module) -> ModelFacts | None:
     """Residual width and the sizes tensor parallelism must divide, from the config of
-    an HF model (``None`` for other models)."""
-    if not is_hf_model(model):
+    an HF model, or of the first one inside the user's model (``None`` for others)."""
+    inner = next((module for module in model.modules() if is_hf_model(module)), None)
+    if inner is None:
         return None
-    config = model.config
+    config = inner.config
     hidden = _config_value(config, "hidden_size", "n_embd", "d_model")
     if hidden is None:
         return None
@@ -89,49 +116,13 @@ def check_heads(model: nn.Module, tp: int) -> None:
 
 
 def disable_cache(model: nn.Module) -> nn.Module:
-    """Training keeps no key/value cache (``use_cache=False``), as HF's own trainer."""
-    config = getattr(model, "config", None)
-    if is_hf_model(model) and getattr(config, "use_cache", False):
-        config.use_cache = False
+    """Training keeps no key/value cache (``use_cache=False``, as HF's own trainer), for
+    a Hugging Face model and for one inside the user's model."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if is_hf_model(module) and getattr(config, "use_cache", False):
+            config.use_cache = False
     return model
-
-
-def output_tensor(output: Any) -> torch.Tensor:
-    """The tensor a model output carries: ``.logits`` of a ``ModelOutput``, else its
-    last hidden state, else the first field; a tensor is returned as it is."""
-    if isinstance(output, torch.Tensor):
-        return output
-    for name in ("logits", "last_hidden_state"):
-        value = getattr(output, name, None)
-        if isinstance(value, torch.Tensor):
-            return value
-    return output[0]
-
-
-def stage_forward(forward: Callable[..., Any], *, outermost: bool) -> Callable[..., Any]:
-    """The forward of an HF model in one pipeline stage (the other stages' layers
-    replaced by pass-throughs), ``forward`` being its own: token ids in on the first
-    stage, the previous stage's hidden states (floating point) as ``inputs_embeds`` on
-    the others, cache off. ``outermost``: the model is the stage itself, which returns
-    one tensor (else it sits inside the user's model, whose forward reads its output)."""
-
-    def run(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        key = "inputs_embeds" if x.is_floating_point() else "input_ids"
-        output = forward(*args, **{key: x, **kwargs, "use_cache": False})
-        return output_tensor(output) if outermost else output
-
-    return run
-
-
-class ZeroEmbedding(nn.Module):
-    """An embedding table held by another pipeline stage: adds nothing (zeros)."""
-
-    def __init__(self, dim: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.dim, self.dtype = dim, dtype
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return torch.zeros((*ids.shape, self.dim), dtype=self.dtype, device=ids.device)
 
 
 def fused_qkv_attention(block: nn.Module, path: str) -> nn.Module | None:

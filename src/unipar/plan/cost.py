@@ -258,20 +258,31 @@ def attention_recomputed(plan: Plan, kernel: AttentionKernel) -> float:
 
 
 def tp_allreduces(layer: LayerProfile) -> int:
-    """Forward all-reduces of a layer under Megatron-style tensor parallelism."""
-    return {LayerKind.BLOCK: 2, LayerKind.EMBEDDING: 1}.get(layer.kind, 0)
+    """Forward all-reduces of a layer under Megatron-style tensor parallelism (none for
+    a layer of several embedding tables, which stays replicated)."""
+    if layer.kind is LayerKind.EMBEDDING:
+        return 1 if layer.splittable_modules == 1 else 0
+    return 2 if layer.kind is LayerKind.BLOCK else 0
 
 
 def tensor_parallel_styles(profile: ModelProfile) -> tuple[TensorParallelStyle, ...]:
-    """Megatron-style splits: blocks by heads and MLP width, the largest embedding and
-    the output projection by vocabulary, the rest replicated."""
+    """Megatron-style splits: blocks by heads and MLP width, the largest embedding table
+    and the output projection by vocabulary, the rest replicated. A layer of several
+    tables (BERT's word, position and token-type embeddings with a norm) stays
+    replicated, and so does a small head (a classifier's: less than a quarter of the
+    token embedding's parameters), which a split would only add an all-gather to."""
     embeddings = [x for x in profile.layers if x.kind is LayerKind.EMBEDDING]
-    token_embedding = max(embeddings, key=lambda x: x.params, default=None)
+    tables = [x for x in embeddings if x.splittable_modules == 1]
+    token_embedding = max(tables, key=lambda x: x.params, default=None)
+    large_head = max((x.params for x in embeddings), default=0) / 4
     styles = []
     for layer in profile.layers:
         if layer.kind is LayerKind.BLOCK:
             styles.append(TensorParallelStyle.MEGATRON)
-        elif layer is token_embedding or layer.kind is LayerKind.HEAD:
+        elif layer is token_embedding or (
+            # params 0: its weight is tied to (and counted with) the token embedding
+            layer.kind is LayerKind.HEAD and (layer.params == 0 or layer.params >= large_head)
+        ):
             styles.append(TensorParallelStyle.VOCAB)
         else:
             styles.append(TensorParallelStyle.REPLICATE)

@@ -102,7 +102,7 @@ def sparse_facts(model: ModelSpec) -> SparseFacts:
     ]
     try:
         with torch.device("meta"), torch.no_grad():
-            module(torch.zeros((1, *model.sample_shape), dtype=model.input_dtype))
+            model.call(module, model.sample_inputs())
     finally:
         for h in handles:
             h.remove()

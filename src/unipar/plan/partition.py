@@ -62,11 +62,23 @@ def balanced_partition(weights: Sequence[float], parts: int) -> list[list[int]]:
 
 
 def pipeline_cut_points(profile: ModelProfile) -> list[int]:
-    """Layers a pipeline stage may start at: every block but the first. Layers around
-    the blocks (embeddings, final norm, output) stay with their neighbouring block, as in
-    Megatron-LM and torchtitan, so a stage is always a run of whole blocks."""
+    """Layers a pipeline stage may start at. A model of repeated blocks is cut before
+    every block but the first; the layers around the blocks (embeddings, final norm,
+    output) stay with their neighbouring block, as in Megatron-LM and torchtitan, so a
+    stage is a run of whole blocks. A model with fewer than two blocks (an
+    ``nn.Sequential`` of convolutions, activations and linear layers) is cut before any
+    layer holding parameters but the first: GPipe's cut of a sequence of layers (Huang
+    et al. 2019, Sec. 2)."""
     blocks = [i for i, layer in enumerate(profile.layers) if layer.kind is LayerKind.BLOCK]
-    return blocks[1:]
+    if len(blocks) >= 2:
+        return blocks[1:]
+    holding = [i for i, layer in enumerate(profile.layers) if layer.params > 0]
+    return holding[1:]
+
+
+def max_pipeline_stages(profile: ModelProfile) -> int:
+    """How many pipeline stages the model's cut points allow."""
+    return len(pipeline_cut_points(profile)) + 1
 
 
 class StagePartitions:
@@ -82,8 +94,8 @@ class StagePartitions:
         self._summed: dict[int, tuple[Sequence[float], tuple[float, ...]]] = {}
 
     def split(self, weights: Sequence[float], parts: int) -> list[list[int]]:
-        """The layers of each of ``parts`` stages, cut only at whole blocks, minimising
-        the heaviest stage's summed ``weights`` (one per layer)."""
+        """The layers of each of ``parts`` stages, cut only at :func:`pipeline_cut_points`,
+        minimising the heaviest stage's summed ``weights`` (one per layer)."""
         if parts == 1:
             return [list(range(len(weights)))]
         summed = self._summed.get(id(weights))

@@ -176,14 +176,14 @@ def model_profile(model: ModelSpec) -> ModelProfile:
     """The analysis of ``model`` (its meta-device build) on one sample."""
     return analyze(
         model.meta_model,
-        model.sample_shape,
-        input_dtype=model.input_dtype,
+        model.sample_inputs,
         hidden=model.hidden,
         tp_divisibility=model.tp_divisibility,
         loss=model.loss,
-        target=model.target,
+        target=model.sample_targets(),
         attention_seq=model.attention_seq,
         causal_attention=model.causal_attention,
+        call=model.call,
     )
 
 

@@ -23,7 +23,7 @@ from unipar.analysis.profile import ModelProfile
 from unipar.cluster.spec import AttentionKernel, ClusterSpec
 from unipar.errors import ConfigError
 from unipar.plan.cost import CostModel, Estimate, tensor_parallel_styles
-from unipar.plan.partition import StagePartitions
+from unipar.plan.partition import StagePartitions, max_pipeline_stages
 from unipar.plan.representation import Mesh, PipelineSchedule, Plan, Recompute
 from unipar.plan.runtime_support import LIVE_PLANNING_SKIPS, Feature
 
@@ -106,13 +106,14 @@ def _meshes(
     if all(v is not None for v in pinned):
         devices = fixed.tp * fixed.pp * fixed.dp * fixed.fsdp * (fixed.cp or 1)  # type: ignore[operator]
     cps = context_parallel_sizes(profile, fixed)
+    stages = max_pipeline_stages(profile)
     for tp in _divisors(cluster.devices_per_node):
         if fixed.tp not in (None, tp) or devices % tp:
             continue
         if any(size % tp for _, size in profile.tp_divisibility):
             continue
         for pp in _divisors(devices // tp):
-            if fixed.pp not in (None, pp) or pp > max(1, profile.num_blocks):
+            if fixed.pp not in (None, pp) or pp > stages:
                 continue
             for cp in cps:
                 if (devices // (tp * pp)) % cp:
@@ -168,7 +169,7 @@ def _schedules(mesh: Mesh, profile: ModelProfile, m: int, fixed: Constraints):  
             # Megatron's interleaving needs m to be a multiple of pp.
             if fixed.virtual_stages not in (None, v):
                 continue
-            if mesh.pp * v <= profile.num_blocks and m % mesh.pp == 0:
+            if mesh.pp * v <= max_pipeline_stages(profile) and m % mesh.pp == 0:
                 yield schedule, v
 
 
@@ -297,13 +298,13 @@ def check_constraints(
                 f"{cluster.devices_per_node}; choose tp among "
                 f"{_divisors(cluster.devices_per_node)}"
             )
-    if fixed.pp is not None and fixed.pp > max(1, profile.num_blocks):
+    stages = max_pipeline_stages(profile)
+    if fixed.pp is not None and fixed.pp > stages:
         raise ConfigError(
-            f"pipeline stages are runs of whole blocks (layers with sub-layers), but got "
-            f"pp={fixed.pp} for a model with {profile.num_blocks} block(s) among its layers "
-            f"{[layer.name for layer in profile.layers]}; choose pp <= "
-            f"{max(1, profile.num_blocks)}, build the model from repeated blocks, or use dp, "
-            "fsdp or tp"
+            f"pipeline stages are runs of whole blocks (layers with sub-layers), or of "
+            f"layers where the model has fewer than two blocks, but got pp={fixed.pp} for a "
+            f"model whose layers {[layer.name for layer in profile.layers]} allow "
+            f"{stages} stage(s); choose pp <= {stages}, or use dp, fsdp or tp"
         )
     sizes = {"tp": fixed.tp, "pp": fixed.pp, "dp": fixed.dp, "fsdp": fixed.fsdp, "cp": fixed.cp}
     pinned = {k: v for k, v in sizes.items() if v is not None}

@@ -37,12 +37,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils._pytree import tree_map_only
 
 from unipar.adapt.config import AdaptiveBatch, LRRule
 from unipar.adapt.lr import default_rule
 from unipar.adapt.noise import NoiseSample
 from unipar.adapt.norms import check_mean_loss
 from unipar.adapt.state import AdaptState, AdaptStats, BatchShape
+from unipar.analysis.meta import BranchesOnMeta
+from unipar.data.batch import to_meta
 from unipar.data.sampler import SampleStream
 from unipar.job import Job
 from unipar.plan import Plan
@@ -298,11 +301,14 @@ def check_adaptive_loss(job: Job, meta_model: nn.Module, inputs: Any, targets: A
     output shape of ``meta_model`` (the job's model on the meta device) on two of the
     dataset's samples (``inputs``, ``targets``), random outputs of that shape, and those
     targets (a model that fails here is left to the workers)."""
+    generator = torch.Generator().manual_seed(0)
     try:
-        with torch.device("meta"):
-            out = meta_model(inputs.to("meta"))
-        out = getattr(out, "logits", out)
-        outputs = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
+        with torch.device("meta"), BranchesOnMeta():
+            out = job.call(meta_model, to_meta(inputs))
+        # random outputs of the model's own type and shapes (a ModelOutput stays one)
+        outputs = tree_map_only(
+            torch.Tensor, lambda t: torch.randn(t.shape, generator=generator), out
+        )
     except Exception:
         return
     check_mean_loss(job.loss, outputs, targets)

@@ -16,10 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from unipar.errors import ConfigError, UnsupportedPlanError
+from unipar.data.batch import Batch, rows
+from unipar.errors import ConfigError, UniparError, UnsupportedPlanError
 from unipar.job import Job
 from unipar.plan import GradSync, Plan, Strategy
-from unipar.plan.for_job import JobFacts, job_facts
+from unipar.plan.for_job import JobFacts, job_batch, job_facts
 from unipar.plan.resize import require_resizable
 from unipar.plan.runtime_support import check_plan_for_run
 from unipar.runtime.adaptive import check_adaptive_loss
@@ -48,9 +49,21 @@ class Preflight:
     size_target: Callable[[], int | None] | None = None
 
     @functools.cached_property
+    def batch(self) -> Batch | None:
+        """The dataset's first two samples, collated and checked (``None`` where the
+        dataset factory fails on the driver: its error is left for the workers to
+        report, as they run it; a batch the runtime cannot split is refused here)."""
+        try:
+            return job_batch(self.job)
+        except UniparError:
+            raise
+        except Exception:
+            return None
+
+    @functools.cached_property
     def facts(self) -> JobFacts:
         """One batch of the dataset and the model's one meta-device build."""
-        return job_facts(self.job)
+        return job_facts(self.job, self.batch)
 
     @property
     def strategy(self) -> Strategy | None:
@@ -67,8 +80,9 @@ class Preflight:
     def servers_usable(self) -> bool:
         """Whether the planner may put this run on parameter servers: a model with tables
         worth serving, a job the servers can train (:func:`server_optimizer`), and none of
-        the run options their path lacks (resume, callbacks, tracing, an outside size)."""
-        if servers_refusal(self.config, self.callbacks, self.size_target):
+        the run options their path lacks (resume, callbacks, tracing, an outside size, a
+        custom step)."""
+        if servers_refusal(self.config, self.callbacks, self.size_target) or self.job.step:
             return False
         try:
             server_optimizer(self.job)
@@ -102,6 +116,9 @@ def preflight(
         callbacks=tuple(callbacks),
         size_target=size_target,
     )
+    pre.batch  # noqa: B018 (checked before anything starts: a bad one is refused here)
+    if job.step is not None and isinstance(pre.plan, Strategy):
+        check_step_strategy(pre.plan)
     if job.adaptive is not None:
         facts = pre.model_facts()
         if facts is not None:
@@ -119,8 +136,9 @@ def preflight(
 def _with(pre: Preflight, **changes: object) -> Preflight:
     """``pre`` with ``changes``, keeping facts already learned."""
     changed = replace(pre, **changes)
-    if "facts" in pre.__dict__:
-        changed.__dict__["facts"] = pre.__dict__["facts"]
+    for learned in ("batch", "facts"):
+        if learned in pre.__dict__:
+            changed.__dict__[learned] = pre.__dict__[learned]
     return changed
 
 
@@ -146,6 +164,8 @@ def _check_plan(pre: Preflight, plan: Plan) -> None:
             f"keep the plan's uneven replica_samples {list(plan.replica_samples)}: "
             "leave out one of them"
         )
+    if job.step is not None:
+        check_step_plan(plan)
     check_model_takes_plan(pre, plan)
     if config.elastic:
         require_resizable(plan, config.least_workers, config.workers)
@@ -158,8 +178,41 @@ def check_model_takes_plan(pre: Preflight, plan: Plan) -> None:
     if plan.mesh.tp == 1 and plan.mesh.pp == 1:
         return
     facts = pre.model_facts()
-    if facts is not None:
-        check_plan_for_model(facts.spec.meta_model, plan)
+    if facts is not None:  # pipeline stages run on the first sample, on the meta device
+        sample = rows(facts.inputs, 0, 1)
+        check_plan_for_model(facts.spec.meta_model, plan, sample, pre.job.call)
+
+
+_STEP_REFUSAL = (
+    "a custom Job.step computes the loss of a whole micro-batch on this rank's model"
+)
+
+
+def check_step_strategy(strategy: Strategy) -> None:
+    """A custom step under a strategy that is always pipeline parallel is refused."""
+    if strategy is Strategy.PP:
+        raise ConfigError(
+            f"{_STEP_REFUSAL}, but under pipeline parallelism the schedule owns forward and "
+            "backward, stage by stage; use --strategy ddp, fsdp, tp or auto (which plans "
+            "without pp for a custom step), or give the job a loss instead of a step"
+        )
+
+
+def check_step_plan(plan: Plan) -> None:
+    """A plan a custom step cannot run under: pipeline or context parallel, parameter
+    servers."""
+    if plan.mesh.pp > 1:
+        check_step_strategy(Strategy.PP)
+    if plan.mesh.cp > 1:
+        raise ConfigError(
+            f"{_STEP_REFUSAL}, but context parallelism gives each rank a chunk of every "
+            f"sequence (cp={plan.mesh.cp}); use a plan with cp=1"
+        )
+    if plan.grad_sync is GradSync.PARAMETER_SERVER:
+        raise ConfigError(
+            f"{_STEP_REFUSAL}, but parameter servers run their own loop of "
+            "loss(model(inputs), targets); pass grad_sync='all_reduce'"
+        )
 
 
 def servers_refusal(

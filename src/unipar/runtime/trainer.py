@@ -10,13 +10,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import default_collate
 
 from unipar.adapt.state import AdaptState, AdaptStats
+from unipar.data.batch import Batch, collate, to_device, tokens_per_sample
 from unipar.data.sampler import GlobalBatchSampler, ShardedBatches
 from unipar.errors import ConfigError, UserCodeError
 from unipar.job import Job
@@ -26,7 +27,8 @@ from unipar.runtime.checkpoint import load_checkpoint, read_checkpoint, save_che
 from unipar.runtime.parallel.clipping import clip_grad_norm
 from unipar.runtime.parallel.data import apply_ddp
 from unipar.runtime.parallel.distributed_optimizer import build_optimizer
-from unipar.runtime.parallel.parallelize import ParallelModel, parallelize
+from unipar.runtime.parallel.parallelize import ParallelModel, device_mesh_for, parallelize
+from unipar.runtime.step_context import step_context
 from unipar.runtime.tracing import (
     Attachment,
     StepTracer,
@@ -114,7 +116,10 @@ class Trainer:
             loss_fn=job.loss,
             sample=self._sample(),
             seed=job.seed,
+            call=job.call,
+            mesh_for_step=job.step is not None,
         )
+        self.loss_of = self._loss_of()
         self.optimizers = [
             _call_user("optimizer", lambda part=part: self._optimizer(part))
             for part in self.model.parts
@@ -172,8 +177,13 @@ class Trainer:
         if self.world_size > 1:
             module = apply_ddp(module, self.device)
         coordinates = self.plan.mesh.coordinates(self.rank)
-        self.model = ParallelModel(parts=[module], plan=self.plan, coordinates=coordinates)
+        wanted = self.job.step is not None and self.world_size > 1  # one process: no group
+        mesh = device_mesh_for(self.plan, self.device) if wanted else None
+        self.model = ParallelModel(
+            parts=[module], plan=self.plan, coordinates=coordinates, device_mesh=mesh
+        )
         self.optimizers, self.base_lrs = previous.optimizers, previous.base_lrs
+        self.loss_of = self._loss_of()
         self._shard_batches()
         self.adapt_from(previous.adapt.state if previous.adapt is not None else None)
         self.start_step = step
@@ -188,15 +198,24 @@ class Trainer:
             )
         return model
 
-    def _sample(self) -> torch.Tensor:
-        """One input (batch of 1): the pipeline checks its stages on it."""
+    def _sample(self) -> Any:
+        """One sample's inputs (batch of 1): the pipeline checks its stages on it."""
         if len(self.dataset) == 0:
             raise ConfigError("the job's dataset is empty; give it at least one sample")
-        return default_collate([self.dataset[0]])[0]
+        return collate([self.dataset[0]], self.job.collate)[0]
 
-    def _microbatch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, targets = default_collate([self.dataset[int(i)] for i in indices])
-        return inputs.to(self.device), targets.to(self.device)
+    def _microbatch(self, indices: torch.Tensor) -> Batch:
+        inputs, targets = collate([self.dataset[int(i)] for i in indices], self.job.collate)
+        return to_device(inputs, self.device), to_device(targets, self.device)
+
+    def _loss_of(self) -> Callable[[nn.Module, Any, Any], torch.Tensor]:
+        """A micro-batch's loss: ``loss(model(inputs), targets)``, or the job's own
+        step with the run's context."""
+        job = self.job
+        if job.step is None:
+            return lambda module, inputs, targets: job.loss(job.call(module, inputs), targets)
+        ctx = step_context(self.model.device_mesh, self.plan, self.rank, self.world_size)
+        return lambda module, inputs, targets: job.step(module, (inputs, targets), ctx)
 
     def _set_lr(self, step: int) -> float:
         if self.adapt is None:
@@ -215,9 +234,9 @@ class Trainer:
         model = self.model
         adapt = self.adapt
         indices = self.batches.microbatches(step) if adapt is None else adapt.microbatches()
-        # A middle pipeline stage receives activations, not data.
-        micro = [self._microbatch(i) for i in indices] if model.reads_data else []
-        loss = model.forward_backward(micro, self.job.loss, observer=adapt)
+        # Every pipeline stage reads the batch: it runs the model's forward on it.
+        micro = [self._microbatch(i) for i in indices]
+        loss = model.forward_backward(micro, self.loss_of, observer=adapt)
         if self.job.grad_clip_norm is not None:
             clip_grad_norm(model.parameters(), self.job.grad_clip_norm, model.pp_group)
         for optimizer in self.optimizers:
@@ -277,11 +296,8 @@ class Trainer:
             optimizer.zero_grad(set_to_none=True)
 
     @staticmethod
-    def _tokens_per_sample(micro: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-        if not micro:
-            return 0
-        targets = micro[0][1]
-        return targets[0].numel() if targets.dim() else 1
+    def _tokens_per_sample(micro: list[Batch]) -> int:
+        return tokens_per_sample(micro[0][1]) if micro else 0
 
     def save(self, step: int) -> Path:
         return save_checkpoint(

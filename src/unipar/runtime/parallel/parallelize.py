@@ -13,7 +13,7 @@ step before the optimizer (Megatron-LM's embedding all-reduce, Shoeybi et al. 20
 the copies stay equal. Hugging Face models train with their key/value cache off.
 
 The result, :class:`ParallelModel`, runs one optimizer step's forward and backward
-whatever the plan.
+whatever the plan; batches are any tree of tensors (:mod:`unipar.data.batch`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
+from torch.utils._pytree import tree_map_only
 
 from unipar.analysis.meta import SkipInPlaceOnMeta
+from unipar.data.batch import concat
 from unipar.errors import UnsupportedPlanError
+from unipar.model_call import ModelCall
 from unipar.models import hf
 from unipar.plan import PipelineSchedule, Plan
 from unipar.plan.representation import MeshCoordinates
@@ -50,8 +53,10 @@ from unipar.runtime.parallel.tensor import (
 from unipar.runtime.parallel.weights import clean_name, load_reference_weights
 from unipar.viz.records import TracedAction
 
-Microbatch = tuple[torch.Tensor, torch.Tensor]
-LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Microbatch = tuple[Any, Any]  # (inputs, targets), each a tensor or a tree of them
+LossFunction = Callable[[Any, Any], torch.Tensor]
+# (this rank's module, inputs, targets) -> the micro-batch's loss
+StepLoss = Callable[[nn.Module, Any, Any], torch.Tensor]
 
 
 @dataclass
@@ -69,6 +74,8 @@ class ParallelModel:
     pp_group: Any = None
     tied: list[TiedCopies] = field(default_factory=list)
     tracer: Any = None  # a StepTracer timing each micro-batch (no pipeline), else None
+    pipeline_loss: Any = None  # the schedule's stages.PipelineLoss (last stage), else None
+    device_mesh: Any = None  # the run's DeviceMesh (pp, dp, fsdp, tp) where one was made
 
     @property
     def data_replica(self) -> int:
@@ -84,11 +91,6 @@ class ParallelModel:
         return self.coordinates.pp == self.plan.mesh.pp - 1
 
     @property
-    def reads_data(self) -> bool:
-        """Only the first stage needs inputs and only the last needs targets."""
-        return self.first_stage or self.last_stage
-
-    @property
     def counts_samples(self) -> bool:
         """One rank per data replica counts the replica's samples."""
         return self.first_stage and self.coordinates.tp == 0 and self.coordinates.cp == 0
@@ -97,13 +99,14 @@ class ParallelModel:
         return [p for part in self.parts for p in part.parameters()]
 
     def forward_backward(
-        self, microbatches: list[Microbatch], loss_fn: LossFunction, observer: Any = None
+        self, microbatches: list[Microbatch], loss_of: StepLoss, observer: Any = None
     ) -> torch.Tensor | None:
         """Gradients of the mean loss over ``microbatches``; returns that loss where this
-        rank computes it (``None`` on pipeline stages before the last). ``observer``
-        (the adaptive batch's norms): ``after_microbatch(index, count)`` after each
-        micro-batch's backward outside a pipeline, ``after_backward()`` once the step's
-        gradients are complete (before tied copies are summed)."""
+        rank computes it (``None`` on pipeline stages before the last). ``loss_of``:
+        a micro-batch's loss (outside a pipeline; a pipeline's schedule holds its own).
+        ``observer`` (the adaptive batch's norms): ``after_microbatch(index, count)``
+        after each micro-batch's backward outside a pipeline, ``after_backward()`` once
+        the step's gradients are complete (before tied copies are summed)."""
         if self.schedule is not None:
             loss = self._pipeline_step(microbatches)
             if observer is not None:
@@ -115,15 +118,19 @@ class ParallelModel:
         for index, (inputs, targets) in enumerate(microbatches):
             if self.plan.mesh.cp > 1:  # this rank's chunk of every sequence
                 inputs, targets = (
-                    sequence_chunk(t, self.coordinates.cp, self.plan.mesh.cp)
-                    for t in (inputs, targets)
+                    tree_map_only(
+                        torch.Tensor,
+                        lambda t: sequence_chunk(t, self.coordinates.cp, self.plan.mesh.cp),
+                        tree,
+                    )
+                    for tree in (inputs, targets)
                 )
             last = index == len(microbatches) - 1
             with _gradient_sync(
                 self.parts[0], enabled=last, keep_gathered=not self.plan.reshard_after_forward
             ):
                 with self._span(TracedAction.FORWARD, index):
-                    loss = loss_fn(self.parts[0](inputs), targets)
+                    loss = loss_of(self.parts[0], inputs, targets)
                     if self.plan.replica_samples:
                         loss = loss * self._uneven_weight()
                     else:
@@ -154,11 +161,16 @@ class ParallelModel:
         return self.tracer.span(action, 0, microbatch)
 
     def _pipeline_step(self, microbatches: list[Microbatch]) -> torch.Tensor | None:
+        """Every stage takes the step's inputs (the schedule splits them into the
+        micro-batches again, leaf by leaf); the last stage's loss looks up each
+        micro-batch's targets by its index, given as the schedule's target."""
         losses: list[torch.Tensor] = []
-        inputs = torch.cat([m[0] for m in microbatches]) if self.first_stage else None
-        targets = torch.cat([m[1] for m in microbatches]) if self.last_stage else None
-        args = (inputs,) if self.first_stage else ()
-        self.schedule.step(*args, target=targets, losses=losses)
+        inputs = concat([inputs for inputs, _ in microbatches])
+        target = None
+        if self.last_stage:
+            self.pipeline_loss.targets = [targets for _, targets in microbatches]
+            target = torch.arange(len(microbatches))
+        self.schedule.step(target=target, losses=losses, return_outputs=False, batch=inputs)
         if not self.last_stage:
             return None
         return torch.stack([loss.detach() for loss in losses]).mean()
@@ -250,13 +262,20 @@ def _fsdp_no_sync(module: Any, keep_gathered: bool):  # type: ignore[no-untyped-
             module.set_reshard_after_backward(True)
 
 
-def check_plan_for_model(model: nn.Module, plan: Plan) -> None:
+def check_plan_for_model(
+    model: nn.Module, plan: Plan, sample: Any = None, call: ModelCall = ModelCall.POSITIONAL
+) -> None:
     """Raise :class:`UnsupportedPlanError` if ``model`` (on any device, the meta device
-    is enough) cannot take ``plan``. Nothing distributed is needed."""
+    is enough) cannot take ``plan``. Nothing distributed is needed. ``sample``: a batch
+    of inputs (taken ``call``'s way), on which pipeline stages are run one after another
+    (on the meta device: types and shapes) to check that they compose."""
     if plan.mesh.tp > 1:
         _check_ties_sharded_alike(model, tensor_parallel_roles(model, plan))
     if plan.mesh.pp > 1:
         stage_cuts.check_pipeline_layers(model, plan)
+        if sample is not None:
+            chunks = stage_cuts.stage_layer_names(model, plan)
+            stage_cuts.check_stages_compose(model, chunks, sample, call)
 
 
 def _check_ties_sharded_alike(model: nn.Module, roles: dict[str, str]) -> None:
@@ -281,12 +300,17 @@ def parallelize(
     world_size: int,
     device: torch.device,
     loss_fn: LossFunction,
-    sample: torch.Tensor,
+    sample: Any,
     seed: int,
+    call: ModelCall = ModelCall.POSITIONAL,
+    mesh_for_step: bool = False,
 ) -> ParallelModel:
     """Build the model with ``build`` and apply ``plan`` for ``rank`` (see module doc).
 
-    ``sample`` (one input, batch of 1) checks that pipeline stages compose."""
+    ``sample`` (one sample's inputs, batch of 1, taken ``call``'s way) checks that
+    pipeline stages compose, values included. ``mesh_for_step``: make the run's
+    :class:`~torch.distributed.device_mesh.DeviceMesh` even where the plan needs none
+    (pure data parallel), for a custom step's context."""
     mesh = plan.mesh
     if mesh.world_size != world_size:
         raise UnsupportedPlanError(
@@ -306,19 +330,21 @@ def parallelize(
         model = apply_recompute(reference, plan).to(device)
         if world_size > 1:
             model = apply_ddp(model, device)
-        return ParallelModel(parts=[model], plan=plan, coordinates=coordinates)
+        wanted = mesh_for_step and mesh.cp == 1 and world_size > 1  # one process: no group
+        made = device_mesh_for(plan, device) if wanted else None
+        return ParallelModel(parts=[model], plan=plan, coordinates=coordinates, device_mesh=made)
 
     rng = torch.get_rng_state()
     with torch.device("meta"), SkipInPlaceOnMeta():  # no values to initialise on meta
         whole = hf.disable_cache(build())
     torch.set_rng_state(rng)  # dropout draws as in the single-device run
     check_plan_for_model(whole, plan)
-    device_mesh = _device_mesh(plan, device)
+    device_mesh = device_mesh_for(plan, device)
     if mesh.pp > 1:
         chunks = stage_cuts.stage_layer_names(whole, plan)
-        removal = stage_cuts.removal_for(reference, chunks, sample)
+        stage_cuts.check_stages_compose(reference, chunks, sample, call)
         indices = stage_cuts.stage_indices(plan, coordinates.pp)
-        parts = [stage_cuts.build_stage(whole, chunks[i], removal) for i in indices]
+        parts = [stage_cuts.build_stage(whole, chunks[i]) for i in indices]
     else:
         indices, parts = [0], [whole]
     roles = tensor_parallel_roles(whole, plan) if mesh.tp > 1 else {}
@@ -332,16 +358,27 @@ def parallelize(
             apply_fully_shard(part, plan, device_mesh)
         load_reference_weights(part, reference, device)
     del reference
-    model = ParallelModel(parts=parts, plan=plan, coordinates=coordinates)
+    model = ParallelModel(
+        parts=parts, plan=plan, coordinates=coordinates, device_mesh=device_mesh
+    )
     if mesh.pp > 1:
+        runs = [
+            stage_cuts.attach_stage_forward(part, chunks, index, call)
+            for part, index in zip(parts, indices, strict=True)
+        ]
+        last = runs[-1] if indices[-1] == len(chunks) - 1 else None
+        model.pipeline_loss = stage_cuts.PipelineLoss(loss_fn, last)
         pp_group = device_mesh["pp"].get_group()
         model.pp_group = pp_group
-        model.schedule = _pipeline_schedule(parts, indices, plan, device, pp_group, loss_fn)
+        model.schedule = _pipeline_schedule(
+            parts, indices, plan, device, pp_group, model.pipeline_loss
+        )
         model.tied = _tied_copies(whole, plan, parts, indices, device_mesh)
     return model
 
 
-def _device_mesh(plan: Plan, device: torch.device) -> Any:
+def device_mesh_for(plan: Plan, device: torch.device) -> Any:
+    """The run's DeviceMesh: axes (pp, dp, fsdp, tp) in that order."""
     mesh = plan.mesh
     return init_device_mesh(
         device.type,
@@ -356,7 +393,7 @@ def _pipeline_schedule(
     plan: Plan,
     device: torch.device,
     group: Any,
-    loss_fn: LossFunction,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
 ) -> Any:
     """``torch.distributed.pipelining`` stages for ``parts`` and the plan's schedule."""
     from torch.distributed import pipelining  # noqa: PLC0415 (heavy: torch.distributed.pipelining)

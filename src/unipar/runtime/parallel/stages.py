@@ -1,26 +1,34 @@
-"""Cut a model into pipeline stages by removing the layers other stages hold.
+"""Cut a model into pipeline stages, whatever its forward looks like.
 
-The layers are the planner's: top-level children in definition order, with
-``ModuleList`` / ``ModuleDict`` / ``Sequential`` containers expanded
-(:func:`unipar.analysis.profile.layer_sequence`). A stage is a copy of the model that
-keeps its own layers under their original names, so parameter names (and so
-checkpoints) are the same under every plan. A removed item of a ``ModuleDict`` is
-deleted (its loop then does not visit it); of a ``ModuleList`` / ``Sequential``, it
-becomes ``nn.Identity`` (keeping the others' indices). A removed top-level layer
-becomes ``None`` (the torchtitan convention: ``forward`` skips it) or, for a model
-whose ``forward`` calls it unconditionally, ``nn.Identity`` (it passes the previous
-stage's activations through). A removed block is a :class:`PassThrough`, which takes
-any call signature (a Hugging Face decoder layer is called with masks and positions).
+The layers are the planner's (:func:`unipar.analysis.profile.layer_sequence`): the
+items of an ``nn.Sequential`` or ``ModuleList``, the repeated blocks of a model at any
+depth (a Hugging Face model's ``model.layers`` or ``bert.encoder.layer``) and the
+modules around them. A stage is a run of them, and runs the model's own forward on the
+batch's inputs (every stage reads the batch: masks and positions are made where they
+are used) with three changes (:class:`StageForward`):
 
-A Hugging Face model's blocks sit deeper (``model.layers``, ``transformer.h``); its
-stage (the model itself, or the user's model holding it) runs the model's own forward
-(:func:`unipar.models.hf.stage_forward`) with the other stages' layers replaced:
-embeddings by zeros, the rest by pass-throughs, and parameter-free modules holding
-tables (rotary embeddings) kept on every stage.
+- the layers holding parameters that other stages hold stand in as
+  :class:`StandIn`: no parameters, no compute, zeros of the layer's output shape (the
+  layer run on the meta device, once per input shape), so the glue code around them
+  runs as it is; layers without parameters (activations, rotary tables, dropout) run on
+  every stage;
+- its first layer takes the previous stage's activation as its input (its first
+  argument is replaced, on its one call);
+- its output is the input of the next stage's first layer (taken on that layer's call),
+  so code between two layers runs once, on the stage before the cut; the last stage
+  returns the whole model's output, its tensors as a tuple for the schedule, rebuilt
+  into the model's own type (a ``ModelOutput`` with its ``logits``) before the loss
+  (:class:`PipelineLoss`).
 
-Which of the two a model's ``forward`` takes is found out, not assumed:
-:func:`removal_for` runs the stages one after the other on a real sample and keeps
-the first way that gives the whole model's output.
+A stage keeps its own layers under their original names, so parameter names (and so
+checkpoints) are the same under every plan.
+
+Whether the cuts compose is checked, not assumed (:func:`check_stages_compose`): on the
+meta device before any worker starts (each boundary layer called once, with a tensor;
+every stage runs; the last gives the whole model's output type and shapes), and with
+real values on each worker before training (the stages, run one after another on a
+real sample, give the whole model's output). A model that cannot be cut is refused
+naming the layer and the reason.
 """
 
 from __future__ import annotations
@@ -28,18 +36,22 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-from collections.abc import Iterator, Sequence
-from enum import Enum
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
-from unipar.analysis.profile import block_list, layer_sequence
+from unipar.analysis.meta import BranchesOnMeta
+from unipar.analysis.profile import layer_sequence
+from unipar.data.batch import same_structure, to_meta
 from unipar.errors import UnsupportedPlanError
-from unipar.models import hf
+from unipar.model_call import ModelCall
 from unipar.plan import Plan
 
 _STRATEGIES_WITHOUT_PP = "dp, fsdp and tp (plans with pp=1)"
+LossFunction = Callable[[Any, Any], torch.Tensor]
 
 
 def stage_layer_names(model: nn.Module, plan: Plan) -> list[list[str]]:
@@ -63,15 +75,16 @@ def stage_indices(plan: Plan, pp_rank: int) -> list[int]:
 
 
 def check_pipeline_layers(model: nn.Module, plan: Plan) -> None:
-    """A model needs at least one layer per stage, and no parameter shared across stages."""
+    """A model needs at least one layer per stage, and no parameter shared by more
+    than two stages."""
     layers = layer_sequence(model)
     chunks = plan.mesh.pp * plan.virtual_stages
     if len(layers) < chunks or len(layers) < 2:
         raise UnsupportedPlanError(
             f"pipeline parallel cuts the model's sequence of layers into stages, but "
             f"{type(model).__name__} has {len(layers)} layer(s) ({[n for n, _ in layers]}) "
-            f"for {chunks} stages; build the model from a list of repeated blocks "
-            f"(nn.ModuleList / nn.ModuleDict), or use {_STRATEGIES_WITHOUT_PP}"
+            f"for {chunks} stages; build the model from a sequence of layers "
+            f"(nn.Sequential, nn.ModuleList), or use {_STRATEGIES_WITHOUT_PP}"
         )
     for tie in cross_stage_ties(model, plan):
         if len(tie) != 2:
@@ -112,174 +125,290 @@ def cross_stage_ties(model: nn.Module, plan: Plan) -> list[list[tuple[int, str]]
     return ties
 
 
-class Removal(Enum):
-    """What a removed top-level layer becomes."""
+class StandIn(nn.Identity):
+    """A layer another pipeline stage holds: no parameters and no compute; returns zeros
+    of the layer's output (shapes and dtypes from the layer run on the meta device, or,
+    for a layer with real weights, run without gradients; once per input shape).
 
-    NONE = "none"
-    IDENTITY = "identity"
-    HUGGING_FACE = "hugging_face"  # see the module docstring
+    A subclass of ``nn.Identity``: placeholders in a list of blocks are not blocks
+    (:func:`~unipar.analysis.profile.block_list`)."""
+
+    def __init__(self, layer: nn.Module, shapes: dict | None = None) -> None:
+        """``shapes``: output shapes found so far, by layer and input shapes (shared by
+        the stand-ins of one check, so each layer runs once whatever the stages)."""
+        super().__init__()
+        self.__dict__["_layer"] = layer  # not a submodule: its parameters are not ours
+        self.__dict__["_shapes"] = {} if shapes is None else shapes
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        shapes = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        key = id(self._layer), shapes, len(args), tuple(kwargs)
+        if key not in self._shapes:
+            self._shapes[key] = self._output_like(args, kwargs)
+        device = tensors[0].device if tensors else torch.device("cpu")
+        return tree_map_only(
+            torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype, device=device),
+            self._shapes[key],
+        )
+
+    @torch.no_grad()
+    def _output_like(self, args: tuple, kwargs: dict) -> Any:
+        layer = self._layer
+        on_meta = any(p.is_meta for p in itertools.chain(layer.parameters(), layer.buffers()))
+        if not on_meta:
+            return layer(*args, **kwargs)
+        with BranchesOnMeta():
+            return layer(*to_meta(args), **to_meta(kwargs))
 
 
-class PassThrough(nn.Identity):
-    """A removed block: returns its first argument, whatever else it is called with."""
-
-    def forward(self, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        return x
-
-
-def set_layer(model: nn.Module, name: str, layer: nn.Module | None) -> None:
-    """Put ``layer`` in place of the layer called ``name``; ``None`` removes it from a
-    container (deleted from a ``ModuleDict``, ``nn.Identity`` in a list)."""
-    parent, child = _parent(model, name)
-    if isinstance(parent, nn.ModuleDict):
-        if layer is None:
-            del parent[child]
-        else:
-            parent[child] = layer
-    elif isinstance(parent, (nn.ModuleList, nn.Sequential)):
-        parent[int(child)] = PassThrough() if layer is None else layer
+def set_layer(model: nn.Module, name: str, layer: nn.Module) -> None:
+    """Put ``layer`` in place of the layer called ``name``."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    if isinstance(parent, (nn.ModuleList, nn.Sequential)):
+        parent[int(child)] = layer
+    elif isinstance(parent, nn.ModuleDict):
+        parent[child] = layer
     else:
         setattr(parent, child, layer)
 
 
-def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
-    """The module holding layer ``name``, and the layer's name within it."""
-    parent_name, _, child = name.rpartition(".")
-    return (model.get_submodule(parent_name) if parent_name else model), child
-
-
-_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
-
-
-def _removed(layer: nn.Module, in_container: bool, removal: Removal) -> nn.Module | None:
-    """What replaces a removed layer (``None``: taken out, see :func:`set_layer`)."""
-    if in_container:
-        return None
-    if removal is Removal.HUGGING_FACE:
-        if isinstance(layer, nn.Embedding):
-            return hf.ZeroEmbedding(layer.embedding_dim, layer.weight.dtype)
-        return PassThrough()
-    return nn.Identity() if removal is Removal.IDENTITY else None
-
-
-def _kept_everywhere(layer: nn.Module, removal: Removal) -> bool:
-    """Parameter-free tables (a Hugging Face model's rotary embedding, called by its
-    forward on every stage) stay on every stage."""
-    parameter_free = not any(True for _ in layer.parameters())
-    return removal is Removal.HUGGING_FACE and parameter_free and any(True for _ in layer.buffers())
-
-
-def _remove_others(model: nn.Module, keep: Sequence[str], removal: Removal) -> None:
-    """Replace the layers not in ``keep`` (see :func:`_removed`), in place."""
+def _stand_in_others(model: nn.Module, keep: Sequence[str], shapes: dict | None = None) -> None:
+    """Replace the layers with parameters that are not in ``keep`` by stand-ins."""
     for name, layer in layer_sequence(model):
-        if name not in keep and not _kept_everywhere(layer, removal):
-            parent, _ = _parent(model, name)
-            set_layer(model, name, _removed(layer, isinstance(parent, _CONTAINERS), removal))
+        if name not in keep and any(True for _ in layer.parameters()):
+            set_layer(model, name, StandIn(layer, shapes))
 
 
-def _hf_root(model: nn.Module) -> tuple[str, nn.Module] | None:
-    """The outermost Hugging Face model holding the blocks (``model`` itself, or one
-    inside the user's model), with its path; ``None`` if there is none."""
-    path = block_list(model)
-    parts = path.split(".")[:-1] if path else []
-    for depth in range(len(parts) + 1):
-        prefix = ".".join(parts[:depth])
-        module = model.get_submodule(prefix) if prefix else model
-        if hf.is_hf_model(module):
-            return prefix, module
-    return None
-
-
-def _run_as_stage(model: nn.Module, removal: Removal) -> nn.Module | None:
-    """Give the Hugging Face model in ``model`` its stage forward; returns it."""
-    root = _hf_root(model) if removal is Removal.HUGGING_FACE else None
-    if root is None:
-        return None
-    prefix, module = root
-    module.forward = hf.stage_forward(module.forward, outermost=not prefix)
-    return module
-
-
-def build_stage(model: nn.Module, keep: Sequence[str], removal: Removal) -> nn.Module:
-    """A deep copy of ``model`` (usually on the meta device) holding only ``keep``."""
+def build_stage(model: nn.Module, keep: Sequence[str]) -> nn.Module:
+    """A copy of ``model`` (usually on the meta device) holding only the layers
+    ``keep`` (and those without parameters); :func:`attach_stage_forward` gives it its
+    stage's forward once it is parallelised."""
     stage = copy.deepcopy(model)
-    _remove_others(stage, keep, removal)
-    _run_as_stage(stage, removal)
+    _stand_in_others(stage, keep)
     return stage
 
 
+class _BoundaryError(Exception):
+    """A cut that does not work: the message names the layer and why."""
+
+
+class StageForward:
+    """The forward of one pipeline stage (see the module doc): called as
+    ``stage(*received, batch=inputs)``, ``received`` being the previous stage's
+    activation (nothing on the first stage). ``first``: this stage's first layer
+    (``None`` on the first stage); ``following``: the next stage's first layer (``None``
+    on the last stage)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        forward: Callable[..., Any],
+        call: ModelCall,
+        first: str | None,
+        following: str | None,
+    ) -> None:
+        self.forward, self.call = forward, call
+        self.first, self.following = first, following
+        self._pending: torch.Tensor | None = None
+        self._captured: torch.Tensor | None = None
+        self._calls = {first: 0, following: 0}
+        self.output_spec: Any = None  # the last stage's output: its tree and non-tensors
+        self._handles = []
+        if first is not None:
+            self._handles.append(
+                model.get_submodule(first).register_forward_pre_hook(
+                    self._put_in, with_kwargs=True, prepend=True
+                )
+            )
+        if following is not None:
+            self._handles.append(
+                model.get_submodule(following).register_forward_pre_hook(
+                    self._take_out, with_kwargs=True, prepend=True
+                )
+            )
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _put_in(self, _module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        self._calls[self.first] += 1
+        if self._pending is None:
+            return args, kwargs
+        value, self._pending = self._pending, None
+        if args:
+            return (value, *args[1:]), kwargs
+        name = _first_tensor_keyword(kwargs, self.first)
+        return args, {**kwargs, name: value}
+
+    def _take_out(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._calls[self.following] += 1
+        if self._calls[self.following] == 1:
+            value = args[0] if args else kwargs[_first_tensor_keyword(kwargs, self.following)]
+            if not isinstance(value, torch.Tensor):
+                raise _BoundaryError(
+                    f"layer {self.following!r} takes a {type(value).__name__} as its first "
+                    "input, not a tensor, and a stage boundary passes one tensor to the next "
+                    "stage"
+                )
+            self._captured = value
+
+    def __call__(self, *received: torch.Tensor, batch: Any) -> Any:
+        self._calls = dict.fromkeys(self._calls, 0)
+        self._pending = received[0] if received else None
+        self._captured = None
+        try:
+            output = self.call(self.forward, batch)
+        finally:
+            pending, self._pending = self._pending, None
+        for name, count in self._calls.items():
+            if name is not None and count != 1:
+                raise _BoundaryError(
+                    f"layer {name!r} runs {count} times in one forward, and a stage "
+                    "boundary must be a layer the forward runs once"
+                )
+        if pending is not None:
+            raise _BoundaryError(f"the stage's input never reached layer {self.first!r}")
+        if self.following is not None:
+            assert self._captured is not None  # _take_out saw one call
+            return self._captured
+        leaves, spec = tree_flatten(output)
+        constants = [_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves]
+        self.output_spec = (spec, constants)
+        return tuple(x for x in leaves if isinstance(x, torch.Tensor))
+
+    def rebuild(self, tensors: Sequence[torch.Tensor]) -> Any:
+        """The last stage's output in the whole model's type, from the tensors it
+        returned (:meth:`__call__`)."""
+        spec, constants = self.output_spec
+        given = iter(tensors)
+        return tree_unflatten([next(given) if c is _TENSOR else c for c in constants], spec)
+
+
+_TENSOR = object()  # where a tensor goes back into the last stage's output
+
+
+def _first_tensor_keyword(kwargs: dict, layer: str | None) -> str:
+    for name, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            return name
+    raise _BoundaryError(f"layer {layer!r} is called without a tensor input to cut at")
+
+
+def attach_stage_forward(
+    stage: nn.Module, chunks: list[list[str]], index: int, call: ModelCall
+) -> StageForward:
+    """Give ``stage`` (built by :func:`build_stage`, then parallelised: wrappers
+    included) the forward of stage ``index`` of ``chunks``."""
+    run = StageForward(
+        stage,
+        stage.forward,
+        call,
+        first=chunks[index][0] if index > 0 else None,
+        following=chunks[index + 1][0] if index + 1 < len(chunks) else None,
+    )
+    stage.forward = run
+    return run
+
+
+class PipelineLoss:
+    """The schedule's loss: the user's ``loss`` on the last stage's output rebuilt into
+    the whole model's type, and on the micro-batch's targets (any tree of tensors: the
+    schedule is given micro-batch indices as its target and this looks them up)."""
+
+    def __init__(self, loss: LossFunction, last_stage: StageForward | None) -> None:
+        self.loss, self.last_stage = loss, last_stage
+        self.targets: list[Any] = []
+
+    def __call__(self, output: Any, index: torch.Tensor) -> torch.Tensor:
+        assert self.last_stage is not None
+        tensors = output if isinstance(output, tuple) else (output,)
+        return self.loss(self.last_stage.rebuild(tensors), self.targets[int(index[0])])
+
+
 @contextlib.contextmanager
-def _only(model: nn.Module, keep: Sequence[str], removal: Removal) -> Iterator[None]:
-    """Temporarily remove the layers not in ``keep`` from ``model`` itself (no copy)."""
-    saved = [(parent, dict(parent._modules)) for parent in _parents(model)]
-    _remove_others(model, keep, removal)
-    staged = _run_as_stage(model, removal)
+def _standing_in(model: nn.Module, keep: Sequence[str], shapes: dict) -> Iterator[None]:
+    """Temporarily stand in for the layers not in ``keep`` in ``model`` itself."""
+    saved = {name: layer for name, layer in layer_sequence(model)}
+    _stand_in_others(model, keep, shapes)
     try:
         yield
     finally:
-        if staged is not None:
-            del staged.forward
-        for parent, modules in reversed(saved):
-            parent._modules.clear()
-            parent._modules.update(modules)
+        for name, layer in saved.items():
+            set_layer(model, name, layer)
 
 
-def _parents(model: nn.Module) -> list[nn.Module]:
-    """Every module holding a layer, each once."""
-    parents: dict[int, nn.Module] = {}
-    for name, _ in layer_sequence(model):
-        parent, _ = _parent(model, name)
-        parents.setdefault(id(parent), parent)
-    return list(parents.values())
-
-
-@torch.no_grad()
-def removal_for(model: nn.Module, stages: list[list[str]], sample: torch.Tensor) -> Removal:
-    """How to remove layers from ``model`` so that its ``stages``, run one after another
-    on ``sample``, give the whole model's output; a clear error if no way does."""
-    was_training = model.training
-    model.eval()
-    candidates = [Removal.HUGGING_FACE] if _hf_root(model) else [Removal.NONE, Removal.IDENTITY]
-    try:
-        expected = hf.output_tensor(model(sample))
-        failures = []
-        for removal in candidates:
-            failure = _compose_failure(model, stages, sample, expected, removal)
-            if failure is None:
-                return removal
-            failures.append(f"with removed layers set to {removal.value}: {failure}")
-    finally:
-        model.train(was_training)
-    raise UnsupportedPlanError(
-        f"pipeline parallel runs {type(model).__name__}'s forward once per stage with the "
-        "other stages' layers removed, but its stages do not compose into the whole model ("
-        + "; ".join(failures)
-        + "). Its forward must run its layers in sequence, taking the previous stage's "
-        "output as input, and skip a removed layer (`if self.norm is not None`) or pass "
-        f"through it. Otherwise use {_STRATEGIES_WITHOUT_PP}"
-    )
-
-
-def _compose_failure(
-    model: nn.Module,
-    stages: list[list[str]],
-    sample: torch.Tensor,
-    expected: torch.Tensor,
-    removal: Removal,
+def _stage_failure(
+    model: nn.Module, chunks: list[list[str]], sample: Any, call: ModelCall, values: bool
 ) -> str | None:
-    h = sample
-    for index, keep in enumerate(stages):
-        with _only(model, keep, removal):
+    """Why ``chunks`` run one after another on ``sample`` do not give ``model``'s output
+    (``None``: they do). ``values``: compare values too (a model with real weights)."""
+    expected = call(model, sample)
+    h: tuple[torch.Tensor, ...] = ()
+    output: Any = None
+    shapes: dict = {}
+    for index, keep in enumerate(chunks):
+        with _standing_in(model, keep, shapes):
+            run = attach_stage_forward(model, chunks, index, call)
             try:
-                h = model(h)
+                out = run(*h, batch=sample)
+            except _BoundaryError as error:
+                return str(error)
             except Exception as error:
-                return f"stage {index} raised {type(error).__name__}: {error}"
-    if h.shape != expected.shape or not torch.allclose(h, expected, rtol=1e-4, atol=1e-5):
-        return f"output differs ({_difference(h, expected)})"
+                return (
+                    f"stage {index} (layers {keep[0]!r} to {keep[-1]!r}) raised "
+                    f"{type(error).__name__}: {error}"
+                )
+            finally:
+                run.remove()
+                del model.forward
+        if index + 1 < len(chunks):
+            h = (out,)
+        else:
+            output = run.rebuild(out)
+    differs = same_structure(output, expected)
+    if differs:
+        return f"the last stage's output is not the whole model's ({differs})"
+    if values:
+        for got, want in zip(tree_flatten(output)[0], tree_flatten(expected)[0], strict=True):
+            if isinstance(got, torch.Tensor) and not torch.allclose(
+                got, want, rtol=1e-4, atol=1e-5
+            ):
+                return (
+                    f"the stages' output differs from the whole model's by "
+                    f"{(got - want).abs().max().item():.3g}: an input of a later stage's "
+                    "layers comes from an earlier stage's layer by another way than the "
+                    "boundary (a skip connection across the cut)"
+                )
     return None
 
 
-def _difference(a: torch.Tensor, b: torch.Tensor) -> str:
-    if a.shape != b.shape:
-        return f"shapes {tuple(a.shape)} vs {tuple(b.shape)}"
-    return f"{(a - b).abs().max().item():.3g}"
+@torch.no_grad()
+def check_stages_compose(
+    model: nn.Module, chunks: list[list[str]], sample: Any, call: ModelCall
+) -> None:
+    """Refuse ``chunks`` if the stages, run one after another on ``sample``, do not
+    give ``model``'s output: on the meta device its type and shapes, with real weights
+    its values too (the model is left as it was)."""
+    if len(chunks) < 2:
+        return
+    meta = any(p.is_meta for p in model.parameters())
+    was_training = model.training
+    model.eval()
+    try:
+        with BranchesOnMeta() if meta else contextlib.nullcontext():
+            failure = _stage_failure(model, chunks, to_meta(sample) if meta else sample, call,
+                                     values=not meta)
+    finally:
+        model.train(was_training)
+    if failure is not None:
+        starts = [chunk[0] for chunk in chunks[1:]]
+        raise UnsupportedPlanError(
+            f"pipeline parallel cannot cut {type(model).__name__} into stages starting at "
+            f"layers {starts}: {failure}. Each stage runs the model's forward with the other "
+            "stages' layers standing in; the forward must run its layers in order, each "
+            "boundary layer once, taking the previous stage's activation as its input. "
+            f"Choose other stage boundaries, or use {_STRATEGIES_WITHOUT_PP}"
+        )

@@ -8,12 +8,20 @@ families use (``wq``/``q_proj``/``fc``/``w1`` ... in, ``wo``/``o_proj``/``proj``
 ... out). A ``VOCAB`` layer splits an embedding or output projection along the
 vocabulary, its output gathered whole. ``REPLICATE`` layers stay whole on every rank.
 
-Hugging Face models: Llama, Mistral and Qwen2 blocks use the names above (``q_proj`` ...
-``o_proj``, ``gate_proj``/``up_proj``/``down_proj``), the names of the models' own
-``base_model_tp_plan``; their attention reshapes with ``view(..., -1, head_dim)``, so
-each rank's head count follows from its shard, and tp must divide the key/value heads
-(grouped-query attention). GPT-2's ``Conv1D`` stores its weight (in, out), so its
-column-wise shard is along dim 1 and its row-wise shard along dim 0. Its fused
+Hugging Face models: where a model declares its own tensor-parallel plan (Llama,
+Mistral, Qwen2: ``_tp_plan`` / ``config.base_model_tp_plan``, :func:`unipar.models.hf.tp_plan`),
+a linear layer's role is the plan's (``colwise``: column, ``rowwise``: row); a style
+unipar does not apply (fused ``packed_colwise``, experts) is refused by name. Without
+one, roles come from names; BERT-style encoders name theirs by place: attention
+``query``/``key``/``value`` column-wise and ``attention.output.dense`` row-wise, the
+MLP's ``intermediate.dense`` column-wise and ``output.dense`` row-wise, as Megatron-LM
+splits BERT (Shoeybi et al. 2019, Sec. 3). Their attention reshapes with
+``view(..., -1, head_dim)``, so each rank's head count follows from its shard, and tp
+must divide the key/value heads (grouped-query attention). Composite embedding layers
+(BERT's word, position and token-type tables with their norm) stay replicated.
+
+GPT-2's ``Conv1D`` stores its weight (in, out), so its column-wise shard is along dim 1
+and its row-wise shard along dim 0. Its fused
 ``c_attn`` (output ``[q | k | v]``) is role ``"fused_qkv"``: computed column-wise, its
 output gathered (an all-gather of the 3 x hidden activations, reduce-scattered in
 backward) and each rank keeps its own heads' q, k and v, the attention told its
@@ -43,6 +51,9 @@ COLUMN_WISE_NAMES = frozenset(
     | {"fc", "fc1", "c_fc", "w1", "w3", "gate_proj", "up_proj"}
 )
 ROW_WISE_NAMES = frozenset({"wo", "o_proj", "out_proj", "proj", "fc2", "c_proj", "w2", "down_proj"})
+# Named by place (BERT, RoBERTa, ELECTRA ...): the path's last two parts.
+ROLE_BY_PLACE = {"intermediate.dense": "column", "output.dense": "row"}
+DECLARED_ROLES = {"colwise": "column", "rowwise": "row"}  # a model's own plan's styles
 _WITHOUT_TP = "dp, fsdp and pp (plans with tp=1)"
 
 
@@ -60,13 +71,18 @@ class ShardRole(Enum):
 _CONV1D_ROLES = (ShardRole.COLUMN, ShardRole.ROW, ShardRole.FUSED_QKV)
 
 
-def block_roles(block_name: str, block: nn.Module, tp: int) -> dict[str, ShardRole]:
+def block_roles(
+    block_name: str, block: nn.Module, tp: int, declared: dict[str, str] | None = None
+) -> dict[str, ShardRole]:
     """``{linear layer path inside the block: COLUMN, ROW or FUSED_QKV}``, or a
-    clear error when the block cannot be split by role."""
+    clear error when the block cannot be split by role. ``declared``: the model's own
+    tensor-parallel plan (:func:`unipar.models.hf.tp_plan`), followed where it names a
+    layer."""
     roles: dict[str, ShardRole] = {}
     unknown: list[str] = []
     for path, module in block.named_modules():
         leaf = path.rpartition(".")[2]
+        place = ".".join(path.split(".")[-2:])
         if isinstance(module, nn.MultiheadAttention):
             raise UnsupportedPlanError(
                 f"tensor parallel cannot split layer {block_name!r}: {path} is an "
@@ -77,11 +93,19 @@ def block_roles(block_name: str, block: nn.Module, tp: int) -> dict[str, ShardRo
         if not isinstance(module, nn.Linear) and not hf.is_conv1d(module):
             continue
         rows, columns = _input_output_widths(module)
+        style = hf.declared_style(declared or {}, f"{block_name}.{path}")
+        if style is not None and style not in DECLARED_ROLES:
+            raise UnsupportedPlanError(
+                f"{type(block).__name__}'s model declares tensor-parallel style {style!r} for "
+                f"{block_name}.{path}, which unipar does not apply (it splits linear layers "
+                f"{sorted(DECLARED_ROLES)}); use {_WITHOUT_TP}"
+            )
+        role = DECLARED_ROLES.get(style or "") or ROLE_BY_PLACE.get(place)
         if hf.is_conv1d(module) and hf.fused_qkv_attention(block, path) is not None:
             roles[path], width = ShardRole.FUSED_QKV, hf.fused_qkv_attention(block, path).num_heads
-        elif leaf in COLUMN_WISE_NAMES:
+        elif role == "column" or (role is None and leaf in COLUMN_WISE_NAMES):
             roles[path], width = ShardRole.COLUMN, columns
-        elif leaf in ROW_WISE_NAMES:
+        elif role == "row" or (role is None and leaf in ROW_WISE_NAMES):
             roles[path], width = ShardRole.ROW, rows
         else:
             unknown.append(path)
@@ -101,7 +125,8 @@ def block_roles(block_name: str, block: nn.Module, tp: int) -> dict[str, ShardRo
             f"tensor parallel cannot split layer {block_name!r} ({type(block).__name__}): it "
             "splits a block's linear layers by role, column-wise into the heads or inner "
             f"width (names {sorted(COLUMN_WISE_NAMES)}) and row-wise back "
-            f"(names {sorted(ROW_WISE_NAMES)}); this block has linear layers "
+            f"(names {sorted(ROW_WISE_NAMES)}), or as the model's own tensor-parallel "
+            "plan says; this block has linear layers "
             f"{sorted(unknown) or 'none'} of unknown role and "
             f"{known or 'no known ones'}. Rename its linear layers by role, "
             f"or use {_WITHOUT_TP}"
@@ -151,10 +176,11 @@ def tensor_parallel_roles(model: nn.Module, plan: Plan) -> dict[str, ShardRole]:
             "with the planner (unipar plan / --strategy tp)"
         )
     hf.check_heads(model, tp)
+    declared = hf.tp_plan(model)
     roles: dict[str, ShardRole] = {}
     for (name, layer), style in zip(layers, plan.layer_tp, strict=True):
         if style is TensorParallelStyle.MEGATRON:
-            for path, role in block_roles(name, layer, tp).items():
+            for path, role in block_roles(name, layer, tp, declared).items():
                 roles[f"{name}.{path}"] = role
         elif style is TensorParallelStyle.VOCAB:
             _vocab_style(name, layer, tp)

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import default_collate
 
+from unipar.data.batch import collate
 from unipar.data.sampler import GlobalBatchSampler
 from unipar.errors import ConfigError
-from unipar.job import Job
+from unipar.job import Job, ModelCall
 from unipar.optimizer import OptimizerSpec, ScheduleKind
 from unipar.plan.grad_sync import parameter_facts
 from unipar.plan.representation import Plan
@@ -86,6 +86,7 @@ class JobBatches:
     global_batch_size: int
     seed: int
     workers: int
+    collate: Any = None  # the job's collate function (None: default_collate)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __call__(self, worker: int, clock: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,12 +98,12 @@ class JobBatches:
             )
         data, sampler = self._cache["data"], self._cache["sampler"]
         indices = sampler.shard_indices(clock - 1, worker, self.workers)
-        return default_collate([data[int(i)] for i in indices])
+        return collate([data[int(i)] for i in indices], self.collate)
 
 
-def _job_loss(loss: Any, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> Any:
+def _job_loss(loss: Any, call: ModelCall, model: nn.Module, batch: tuple[Any, Any]) -> Any:
     inputs, targets = batch
-    return loss(model(inputs), targets)
+    return loss(call(model, inputs), targets)
 
 
 def start_job_on_servers(
@@ -117,12 +118,12 @@ def start_job_on_servers(
         snapshot_every=snapshot_every,
     )
     workers = plan.mesh.dp
-    data = JobBatches(job.dataset, job.global_batch_size, job.seed, workers)
+    data = JobBatches(job.dataset, job.global_batch_size, job.seed, workers, job.collate)
     torch.manual_seed(job.seed)  # the model's initial weights, as the other runtimes
     return PSRun(
         job.model,
         data,
-        functools.partial(_job_loss, job.loss),
+        functools.partial(_job_loss, job.loss, job.call),
         workers=workers,
         steps=job.steps,
         config=config,
