@@ -59,7 +59,8 @@ def best_batch(
                      accum)
     atomic = np.ceil(local / (accum + 1) - _EPS)
     t = iter_time(params, nodes, r, atomic, accum)
-    good = gain(r * atomic * (accum + 1), init_batch, grad_sqr, grad_var) / t
+    with np.errstate(divide="ignore"):  # t = 0 for a configuration given no model: 0 below
+        good = gain(r * atomic * (accum + 1), init_batch, grad_sqr, grad_var) / t
     good = np.where((atomic >= min_local) & (atomic <= max_local) & np.isfinite(good), good, 0.0)
     best = np.argmax(good, axis=0)[None]
     pick = lambda a: np.take_along_axis(np.broadcast_to(a, good.shape), best, axis=0)[0]  # noqa: E731
