@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test docs lint bench clean
+.PHONY: setup demo test docs lint bench bench-all bench-quick clean
 
 $(BIN)/.setup-stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,16 @@ bench: setup
 	$(BIN)/python benchmarks/ddp_vs_torchrun.py
 	$(BIN)/python benchmarks/xgboost_vs_peers.py
 	$(BIN)/python benchmarks/plan_speed.py
+
+# Every benchmark, its log and RESULT line in bench-results/ (benchmarks/README.md: the
+# list, each one's expected time; docs/benchmarks-method.md: what each measures).
+bench-all: setup
+	$(BIN)/pip install --quiet -e ".[dev,bench]"
+	benchmarks/run_all.sh
+
+bench-quick: setup
+	$(BIN)/pip install --quiet -e ".[dev,bench]"
+	benchmarks/run_all.sh --quick
 
 clean:
 	rm -rf $(VENV) unipar_runs site

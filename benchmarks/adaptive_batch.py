@@ -26,9 +26,11 @@ below the target.
 vs_best_fixed = adaptive / best fixed batch; vs_default = adaptive / fixed M0 (the job as
 written). The RESULT line holds the worse of the two tasks for each, and overhead: the
 median step time with the adaptive machinery on but the batch pinned at M0 over the plain
-run's (the estimator's cost). With ``--repeats N`` every run is repeated N times, each
-pass in the reverse order of the one before (a shared machine's load drifts), and the
-figures are medians over the passes.
+run's (the estimator's cost). Every run is repeated ``--repeats`` times (default 3), each
+pass in the reverse order of the one before (a shared machine's load drifts); each ratio
+is the median of the passes' ratios, with its range (_min/_max). A run that never reaches
+the target has an infinite time: the adaptive run's is a failure (printed; exit status 1),
+a fixed batch's is printed, and an unreached M0 leaves vs_default undefined (nan), never 0.
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ from pathlib import Path
 
 import ray
 import torch
-from torch.utils.data import Dataset, Subset
+import workload
+from measure import Spread, Verdict, add_common_arguments, paired_ratios, repeats_of
+from torch.utils.data import Dataset
+from workload import gpt_held_out, gpt_train
 
 from unipar import Job, Plan, fit, load_model_state
 from unipar.adapt import AdaptiveBatch
@@ -56,30 +61,10 @@ from unipar.optimizer import LRSchedule, OptimizerSpec, ScheduleKind
 from unipar.ray_cluster.session import start_ray
 from unipar.recipes import gpt_stdlib
 
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
 WORKERS = 2
 
 
 # --- the tasks' data ---------------------------------------------------------------
-
-
-def _stdlib_windows(seq_len: int):  # type: ignore[no-untyped-def]
-    from unipar.data.text import ByteTextDataset, stdlib_corpus
-
-    return ByteTextDataset(stdlib_corpus(), seq_len)
-
-
-def gpt_train(seq_len: int) -> Dataset:
-    windows = _stdlib_windows(seq_len)
-    return Subset(windows, range(len(windows) * 9 // 10))
-
-
-def gpt_held_out(seq_len: int, count: int = 96) -> Dataset:
-    windows = _stdlib_windows(seq_len)
-    start = len(windows) * 9 // 10
-    step = max(1, (len(windows) - start) // count)
-    return Subset(windows, range(start, len(windows), step)[:count])
 
 
 class Digits(Dataset):
@@ -269,34 +254,70 @@ def run(task: Task, batch: int | None, root: Path, pinned: bool = False) -> Run:
     return outcome
 
 
-def median_time(runs: list[Run]) -> float:
-    return statistics.median(r.seconds_to_target for r in runs)
+@dataclass(frozen=True)
+class TaskRatios:
+    vs_best: Spread  # adaptive / the fastest fixed batch of each pass
+    vs_default: Spread  # adaptive / fixed M0 of each pass
+    reached: bool  # the adaptive run reached the target in every pass
 
 
-def main() -> None:
+def task_ratios(adaptive: list[float], fixed: dict[int, list[float]], init_batch: int
+                ) -> TaskRatios:
+    """Per pass, the adaptive run's time to the target over the best fixed batch's and over
+    M0's. A time is ``inf`` where the target was not reached: the adaptive run's makes its
+    ratios infinite (and the task a failure); a fixed batch's takes it out of "best", and
+    M0's leaves no comparison (NaN, which no target accepts), never a ratio of 0."""
+    passes = range(len(adaptive))
+    best = [min(times[i] for times in fixed.values()) for i in passes]
+    return TaskRatios(
+        Spread.of(paired_ratios(adaptive, best)),
+        Spread.of(paired_ratios(adaptive, fixed[init_batch])),
+        all(math.isfinite(t) for t in adaptive),
+    )
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--scale", type=float, default=1.0, help="sample budget factor")
+    parser.add_argument("--scale", type=float, default=None, help="sample budget factor")
     parser.add_argument("--only", choices=("gpt", "digits"), default=None)
-    parser.add_argument("--repeats", type=int, default=1, help="passes (medians over them)")
+    add_common_arguments(parser)
     args = parser.parse_args()
+    repeats = repeats_of(args, quick=1)
+    scale = args.scale or (0.25 if args.quick else 1.0)
+    if args.quick and args.only is None:
+        args.only = "digits"  # the gpt task reaches its target only with its whole budget
+    verdict = Verdict(quick=args.quick)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(workload)
     start_ray(None, num_cpus=WORKERS)
-    vs_best, vs_default, overheads = [], [], []
+    results: list[TaskRatios] = []
+    overheads = []
     with tempfile.TemporaryDirectory(prefix="adaptive-batch-") as tmp:
-        for task in tasks(args.scale):
+        for task in tasks(scale):
             if args.only not in (None, task.name):
                 continue
             configs: list[tuple[int | None, bool]] = [(b, False) for b in task.fixed]
             configs += [(None, False), (None, True)]
             runs: dict[tuple[int | None, bool], list[Run]] = {c: [] for c in configs}
-            for rep in range(args.repeats):
+            for rep in range(repeats):
                 root = Path(tmp) / f"pass{rep}"
                 for config in configs if rep % 2 == 0 else configs[::-1]:
                     runs[config].append(run(task, config[0], root, pinned=config[1]))
-            fixed = {b: median_time(runs[(b, False)]) for b in task.fixed}
-            adaptive = median_time(runs[(None, False)])
-            best_batch = min(fixed, key=lambda b: fixed[b])
-            vs_best.append(adaptive / fixed[best_batch])
-            vs_default.append(adaptive / fixed[task.init_batch])
+
+            def times(config: tuple[int | None, bool], runs=runs) -> list[float]:
+                return [r.seconds_to_target for r in runs[config]]
+
+            ratios = task_ratios(times((None, False)),
+                                 {b: times((b, False)) for b in task.fixed}, task.init_batch)
+            results.append(ratios)
+            for b in task.fixed:
+                unreached = sum(not math.isfinite(t) for t in times((b, False)))
+                if unreached:
+                    print(f"{task.name}: fixed batch {b} did NOT reach {task.target} in "
+                          f"{unreached} of {repeats} passes", flush=True)
+            verdict.check(ratios.reached, f"{task.name}: the adaptive run reached the held-out "
+                          f"loss {task.target} in every pass (times "
+                          f"{[round(t, 2) for t in times((None, False))]})")
             overheads.append(
                 statistics.median(
                     p.median_step_s / f.median_step_s - 1
@@ -304,19 +325,22 @@ def main() -> None:
                 )
             )
             print(
-                f"{task.name}: adaptive {adaptive:.2f} s, best fixed (batch {best_batch}) "
-                f"{fixed[best_batch]:.2f} s, M0={task.init_batch} {fixed[task.init_batch]:.2f} s"
-                f" (medians of {args.repeats}): adaptive / best fixed = {vs_best[-1]:.3f}, "
-                f"adaptive / M0 = {vs_default[-1]:.3f}, estimator overhead "
-                f"{overheads[-1]:+.1%} of the median step time; load {os.getloadavg()[0]:.1f}",
+                f"{task.name}: adaptive / best fixed = {ratios.vs_best}, adaptive / M0 = "
+                f"{ratios.vs_default}, estimator overhead {overheads[-1]:+.1%} of the median "
+                f"step time; load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
     ray.shutdown()
-    print(
-        f"RESULT vs_best_fixed={max(vs_best):.3f} vs_default={max(vs_default):.3f} "
-        f"overhead={max(overheads):.3f}"
-    )
+    # the worse task of each ratio; a missing ratio (nan) is the worst: shown, not hidden
+    worst_best = max(results, key=lambda r: math.inf if r.vs_best.missing else r.vs_best.median)
+    worst_default = max(results, key=lambda r: math.inf if r.vs_default.missing
+                        else r.vs_default.median)
+    return verdict.finish({
+        "vs_best_fixed": worst_best.vs_best,
+        "vs_default": worst_default.vs_default,
+        "overhead": max(overheads),
+    })
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

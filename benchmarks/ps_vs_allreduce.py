@@ -1,26 +1,36 @@
 """Parameter server vs all-reduce on a click-through-rate model, and stragglers.
 
-Part 1, one invocation: the CTR model (``--rows`` embedding rows, default 10M, width
-``--dim``) trained by 2 workers, sweeping the fraction of rows each worker's batch
-touches per step. At each point: the measured step time and bytes per worker of
-(a) 2 parameter servers (rows pulled and pushed sparsely, BSP) and (b) a gloo
-all-reduce of every gradient (the table's dense gradient included) with a local SGD
-step; and the planner's pick (``unipar.ps.choose_grad_sync``), priced with link speeds
-calibrated here before the sweep (a gloo all-reduce, an actor call, a tensor fetched
-from an actor, an SGD update). ``planner_right`` = share of points where the pick was
-the measured-faster side.
+Part 1: the CTR model (``--rows`` embedding rows, default 10M, width ``--dim``) trained by 2
+workers at touched-row shares dense around the crossover (``--fractions``, 0.5% to 10% of
+the rows a worker's batch touches per step), three ways on the same batches: (a) 2
+parameter servers (rows pulled and pushed sparsely, BSP, SGD); (b) dense all-reduce (every
+gradient, the table's included, then a local SGD step); (c) a sparse exchange: all-gather
+of each worker's touched ids and gradient rows (benchmarks/ps_baselines.py). Each point: the
+median of ``--steps`` (>= 10) timed steps after ``--warmup``; the sides alternate (the order
+rotated each repeat) over ``--repeats``. The planner
+(``unipar.plan.sync_cost.choose_grad_sync``) picks PS or all-reduce from link speeds and a
+per-row cost calibrated on separate runs: another data seed, touched shares outside the
+sweep (``--calibrate-at``), and, with ``--calibration FILE``, another invocation
+(``--calibrate-only`` writes the file). Score: the time lost through the planner's pick,
+pick / the faster of (a) and (b) - 1 per point, and pick / the fastest of all three - 1.
+Correctness: after each point's steps, (a) and (c) hold the parameters (b) holds.
 
-Part 2: ``--straggler-workers`` (default 8) sharing the same total worker-steps under
-BSP, SSP (bound ``--staleness``) and ASP, one worker at a time 2x slower (it sleeps as
-long again as its own work took, waits in pulls left out): transient (the slow worker
-changes every ``--rotate-every`` clocks, what SSP is for) and persistent (always the
-last worker). Throughput = worker-steps/s; final loss on held-out batches. With ``n``
-workers a transient straggler caps BSP at one slow step per clock, ``2t``, while SSP
-runs each worker at its mean ``(1 + 1/n) t``: an ideal gain of ``2 / (1 + 1/n)``, 1.6
-for 4 workers and 1.78 for 8. ``straggler_speedup`` is SSP's throughput over BSP's
-(transient), ``loss_gap`` the relative held-out loss gap of SSP to BSP; the persistent
-case's SSP and ASP gains are printed beside them (SSP's lead is bounded by ``s``, so
-its long-run gain there is small by design; ASP's ideal is ``2 - 1/n``).
+Part 2: stragglers, at ``--straggler-workers`` (8 and 4) sharing the same total worker-steps
+under BSP, SSP (bound ``--staleness``) and ASP, one worker at a time 2x slower (it sleeps as
+long again as its own work took; waits in pulls left out): rotating (the slow worker changes
+every ``--rotate-every`` clocks, what SSP is for) and persistent (always the last worker).
+Throughput = worker-steps/s; final loss on held-out batches. With ``n`` workers a rotating
+straggler caps BSP at one slow step per clock, ``2t``, while SSP runs each worker at its mean
+``(1 + 1/n) t``: an ideal gain of ``2 / (1 + 1/n)``, 1.78 for 8 workers and 1.6 for 4.
+SSP's lead is bounded by ``s`` under a persistent straggler (a small long-run gain by
+design); ASP's ideal there is ``2 - 1/n``.
+
+RESULT (``--calibrate-only``: row_ns, all_reduce_mb_s, actor_mb_s, actor_call_ms):
+time_lost, time_lost_vs_sparse, planner_right (share of points where the pick was the
+faster of (a) and (b)), straggler_speedup (SSP/BSP, rotating, 8 workers; target >= 1.6),
+straggler_speedup_4, loss_gap (SSP vs BSP held-out, 8 workers), persistent_ssp_speedup,
+persistent_asp_speedup, persistent_asp_loss_gap, their _4 forms, ideal_8, ideal_4; each
+timed ratio with _min/_max over the repeats.
 """
 
 from __future__ import annotations
@@ -28,13 +38,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import logging
 import os
-import socket
 import statistics
+import sys
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
+from measure import Spread, Verdict, add_common_arguments, order_of, ratio, repeats_of
+from ps_baselines import (
+    FIELDS,
+    LR,
+    CollectiveWorker,
+    UniformClicks,
+    calibrate_links,
+    max_param_difference,
+)
+from ray_head import free_port
 
 from unipar.models.ctr import CTRModel, ZipfClicks, ctr_loss
 from unipar.optimizer import OptimizerKind, OptimizerSpec
@@ -43,134 +66,57 @@ from unipar.plan.sync_cost import Links, SparseWorkload, choose_grad_sync, price
 from unipar.ps import Consistency, ConsistencySpec
 from unipar.runtime.servers.train import PSConfig, PSRun, Slowdown
 
-FIELDS = 4
+PARAM_ATOL = 1e-4  # the three sides' parameters after the same steps
+SIDES = ("ps", "dense", "sparse")
+
+# -- the arithmetic (pure) ---------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class UniformClicks:
-    """Batches touching about ``touched`` rows each (uniform ids)."""
-
-    rows: int
-    touched: int
-
-    def __call__(self, worker: int, clock: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(clock * 1009 + worker)
-        n = max(self.touched // FIELDS, 1)
-        ids = torch.randint(0, self.rows, (n, FIELDS), generator=g)
-        return ids, (torch.rand(n, generator=g) < 0.3).float()
+def pick_time(pick: GradSync, times: dict[str, float]) -> float:
+    return times["ps"] if pick is GradSync.PARAMETER_SERVER else times["dense"]
 
 
-class AllReduceWorker:
-    """A worker that holds the whole model and all-reduces every gradient (gloo)."""
-
-    def __init__(self, rank: int, world: int, port: int, rows: int, dim: int) -> None:
-        import torch.distributed as dist
-
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-        )
-        self.world = world
-        self.model = CTRModel(rows, dim, FIELDS, seed=0)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05)
-
-    def calibrate(self, nbytes: int) -> float:
-        """Seconds of one all-reduce of ``nbytes`` (median of 3)."""
-        import torch.distributed as dist
-
-        t = torch.zeros(nbytes // 4)
-        times = []
-        for _ in range(4):
-            dist.barrier()
-            began = time.perf_counter()
-            dist.all_reduce(t)
-            times.append(time.perf_counter() - began)
-        return statistics.median(times[1:])
-
-    def run(self, data, steps: int) -> list[float]:
-        import torch.distributed as dist
-
-        times = []
-        for clock in range(1, steps + 1):
-            began = time.perf_counter()
-            self.opt.zero_grad()
-            ctr_loss(self.model, data(dist.get_rank(), clock)).backward()
-            for p in self.model.parameters():
-                dist.all_reduce(p.grad)
-                p.grad.div_(self.world)
-            self.opt.step()
-            times.append(time.perf_counter() - began)
-        return times
+def time_lost(pick: GradSync, times: dict[str, float], among: Sequence[str]) -> float:
+    """What the planner's pick cost at one point: its time over the fastest of ``among``,
+    less 1 (0: it picked the fastest); NaN where a time is missing."""
+    best = min(times[s] for s in among)
+    return ratio(pick_time(pick, times), best) - 1.0
 
 
-class Echo:
-    def ping(self) -> int:
-        return 0
-
-    def tensor(self, n: int) -> torch.Tensor:
-        return torch.ones(n)
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def mean_time_lost(points: Sequence[tuple[GradSync, dict[str, float]]], among: Sequence[str]
+                   ) -> float:
+    """The mean over the sweep's points of :func:`time_lost` (each point counts alike)."""
+    lost = [time_lost(pick, times, among) for pick, times in points]
+    return statistics.fmean(lost) if lost else float("nan")
 
 
-def calibrate(ray, ar_workers, rows: int, dim: int) -> Links:
-    nbytes = 32 * 2**20
-    small, large = ray.get([w.calibrate.remote(4096) for w in ar_workers])[0], None
-    large = ray.get([w.calibrate.remote(nbytes) for w in ar_workers])[0]
-    all_reduce_bw = nbytes / max(large - small, 1e-6)  # one all-reduce of 2 moves 1x bytes
-    echo = ray.remote(Echo).options(num_cpus=0).remote()
-    ray.get(echo.ping.remote())
-    began = time.perf_counter()
-    for _ in range(20):
-        ray.get(echo.ping.remote())
-    ps_latency = (time.perf_counter() - began) / 20
-    ray.get(echo.tensor.remote(nbytes // 4))
-    began = time.perf_counter()
-    for _ in range(3):
-        ray.get(echo.tensor.remote(nbytes // 4))
-    ps_bw = nbytes / ((time.perf_counter() - began) / 3 - ps_latency)
-    ray.kill(echo)
-    # the all-reduce side's per-step table work, timed on the real size: a fresh dense
-    # gradient of the table (zero-filled) and an SGD update with it
-    table = torch.ones(rows, dim)
-    began = time.perf_counter()
-    for _ in range(2):
-        grad = torch.zeros(rows, dim)
-        grad[:1000] += 1
-        table.add_(grad, alpha=-0.1)
-    update_bw = 3 * table.numel() * 4 / ((time.perf_counter() - began) / 2)
-    del table, grad
-    return Links(
-        all_reduce_bw=all_reduce_bw,
-        worker_bw=ps_bw,
-        server_bw=ps_bw,
-        latency_s=small / 2,
-        ps_latency_s=ps_latency,
-        update_bw=update_bw,
-    )
+def ideal_speedup(workers: int) -> float:
+    """SSP over BSP with one worker in ``workers`` 2x slower at a time, rotating."""
+    return 2.0 / (1.0 + 1.0 / workers)
+
+
+# -- part 1: the sweep -------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class PSPoint:
-    """One PS measurement: the median step time, and what the cost model needs."""
+    """One PS measurement: the median step time, what the cost model needs, the params."""
 
     step_s: float
     bytes_per_worker: float
     workload: SparseWorkload
+    params: dict[str, torch.Tensor]
 
 
-def measure_ps(args, fraction: float, timed_steps: int | None = None) -> PSPoint:
-    """2 workers, 2 servers, BSP, SGD: median step time over ``timed_steps`` (default
-    ``--steps``) after warm-up; the compute of one worker's forward/backward alone
-    (tables as the pulled rows) goes to the model."""
+def measure_ps(args, fraction: float, timed_steps: int, seed: int = 0) -> PSPoint:
+    """2 workers, 2 servers, BSP, SGD: the median step over ``timed_steps`` after warm-up;
+    the compute of one worker's forward/backward alone (the pulled rows as its table) goes
+    to the cost model."""
     touched = max(int(fraction * args.rows), FIELDS)
-    data = UniformClicks(args.rows, touched)
-    steps = args.warmup + (timed_steps or args.steps)
+    data = UniformClicks(args.rows, touched, seed)
+    steps = args.warmup + timed_steps
     factory = functools.partial(CTRModel, args.rows, args.dim, FIELDS, seed=0)
-    config = PSConfig(num_servers=2, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.05))
+    config = PSConfig(num_servers=2, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=LR))
     ps = PSRun(factory, data, ctr_loss, workers=2, steps=steps, config=config).result()
     ps_s = statistics.median(t for times in ps.step_s for t in times[args.warmup :])
     ids, clicks = data(0, 1)
@@ -182,60 +128,93 @@ def measure_ps(args, fraction: float, timed_steps: int | None = None) -> PSPoint
         ctr_loss(small, (local, clicks)).backward()
     compute = (time.perf_counter() - began) / 3
     dense = sum(p.numel() for n, p in small.named_parameters() if not n.startswith("embedding"))
-    workload = SparseWorkload(
-        table_rows=args.rows,
-        dim=args.dim,
-        dense_params=dense,
-        touched_fraction=len(unique) / args.rows,
-        workers=2,
-        servers=2,
-        serve_dense=True,
-        compute_s=compute,
-    )
-    return PSPoint(ps_s, (ps.bytes_pulled + ps.bytes_pushed) / (2 * steps), workload)
+    workload = SparseWorkload(table_rows=args.rows, dim=args.dim, dense_params=dense,
+                              touched_fraction=len(unique) / args.rows, workers=2, servers=2,
+                              serve_dense=True, compute_s=compute)
+    return PSPoint(ps_s, (ps.bytes_pulled + ps.bytes_pushed) / (2 * steps), workload, ps.params)
 
 
-def calibrate_rows(args, links: Links) -> Links:
-    """The per-row cost of the PS path, end to end: PS runs at the two touched shares of
-    ``--calibrate-at`` (not sweep points); the growth of the measured step time beyond
-    what the model prices without rows (compute, bytes over the measured link, round
-    trips), per extra touched row. The slope leaves out what does not grow with rows.
-    Each end is a median over ``--calibrate-steps`` steps: the slope of two short runs
-    on a shared machine carries their noise into every prediction."""
-    low, high = (
-        measure_ps(args, float(f), args.calibrate_steps) for f in args.calibrate_at.split(",")
-    )
+def calibrate(ray, args, workers) -> Links:  # type: ignore[no-untyped-def]
+    """Link speeds, then the per-row cost of the PS path: PS runs (data seed 1, not the
+    sweep's 0) at the two touched shares of ``--calibrate-at`` (outside the sweep); the
+    growth of the measured step beyond what the model prices without rows, per extra row."""
+    links = calibrate_links(ray, workers, args.rows, args.dim)
+    low, high = (measure_ps(args, float(f), args.calibrate_steps, seed=1)
+                 for f in args.calibrate_at.split(","))
     measured = high.step_s - low.step_s
     priced = price_ps(high.workload, links).step_s - price_ps(low.workload, links).step_s
     rows = (high.workload.touched_fraction - low.workload.touched_fraction) * args.rows
     row_s = max(measured - priced, 0.0) / rows
-    print(
-        f"row cost: {row_s * 1e9:.0f} ns per touched row (+{rows:,.0f} rows: step "
-        f"+{measured * 1e3:.1f} ms, of which +{priced * 1e3:.1f} ms priced without rows)",
-        flush=True,
-    )
+    print(f"row cost: {row_s * 1e9:.0f} ns per touched row (+{rows:,.0f} rows: step "
+          f"+{measured * 1e3:.1f} ms, of which +{priced * 1e3:.1f} ms priced without rows)",
+          flush=True)
     return dataclasses.replace(links, row_s=row_s)
 
 
-def sweep_point(ray, args, ar_workers, links, fraction: float) -> dict:
-    touched = max(int(fraction * args.rows), FIELDS)
-    data = UniformClicks(args.rows, touched)
-    ar = ray.get([w.run.remote(data, args.warmup + args.steps) for w in ar_workers])
-    ar_s = statistics.median(t for times in ar for t in times[args.warmup :])
-    ps = measure_ps(args, fraction)
-    choice = choose_grad_sync(ps.workload, links)
-    faster = GradSync.PARAMETER_SERVER if ps.step_s < ar_s else GradSync.ALL_REDUCE
-    return {
-        "fraction": fraction,
-        "ps_s": ps.step_s,
-        "ar_s": ar_s,
-        "ps_bytes": ps.bytes_per_worker,
-        "ar_bytes": choice.all_reduce.bytes_per_worker,
-        "pick": choice.kind,
-        "right": choice.kind is faster,
-        "reason": choice.reason,
-        "predicted": (choice.ps.step_s, choice.all_reduce.step_s),
-    }
+def links_for(ray, args, workers) -> Links:  # type: ignore[no-untyped-def]
+    path = Path(args.calibration) if args.calibration else None
+    if path is not None and path.is_file() and not args.calibrate_only:
+        print(f"links from {path} (calibrated in another invocation)", flush=True)
+        return Links(**json.loads(path.read_text()))
+    links = calibrate(ray, args, workers)
+    if path is not None:
+        path.write_text(json.dumps(dataclasses.asdict(links), indent=1))
+        print(f"links written to {path}", flush=True)
+    return links
+
+
+def sweep_point(ray, args, workers, fraction: float, repeat: int) -> dict:  # type: ignore[no-untyped-def]
+    """The three sides at one touched share, in the order of ``repeat``: median step times,
+    bytes, and each side's parameters' largest difference from the dense side's."""
+    data = UniformClicks(args.rows, max(int(fraction * args.rows), FIELDS))
+    steps = args.warmup + args.steps
+    times, states, ps = {}, {}, None
+    for side in order_of(SIDES, repeat):
+        if side == "ps":
+            ps = measure_ps(args, fraction, args.steps)
+            times["ps"], states["ps"] = ps.step_s, ps.params
+        else:
+            runs = ray.get([w.run.remote(data, steps, side == "sparse") for w in workers])
+            times[side] = statistics.median(t for run in runs for t in run[args.warmup :])
+            states[side] = ray.get(workers[0].state.remote())
+    assert ps is not None
+    return {"times": times, "workload": ps.workload, "ps_bytes": ps.bytes_per_worker,
+            "diff": {s: max_param_difference(states[s], states["dense"]) for s in ("ps", "sparse")}}
+
+
+def sweep(ray, args, links: Links, workers, repeats: int) -> tuple[dict, Verdict]:  # type: ignore[no-untyped-def]
+    fractions = [float(f) for f in args.fractions.split(",") if f]
+    per_repeat: list[list[dict]] = []
+    for repeat in range(repeats):
+        per_repeat.append([sweep_point(ray, args, workers, f, repeat) for f in fractions])
+        print(f"sweep repeat {repeat + 1}/{repeats} done", flush=True)
+    print(f"{'touched':>9} {'PS ms':>8} {'dense ms':>9} {'sparse ms':>10} {'PS pred':>8} "
+          f"{'AR pred':>8} {'PS MiB':>8} {'AR MiB':>8} pick")
+    points, lost, lost_all, right, worst = [], [], [], [], 0.0
+    for i, fraction in enumerate(fractions):
+        runs = [r[i] for r in per_repeat]
+        times = {s: statistics.median(r["times"][s] for r in runs) for s in SIDES}
+        choice = choose_grad_sync(runs[0]["workload"], links)
+        points.append((choice.kind, times))
+        worst = max([worst, *(d for r in runs for d in r["diff"].values())])
+        faster = min(("ps", "dense"), key=lambda s: times[s])
+        right.append(pick_time(choice.kind, times) == times[faster])
+        print(f"{fraction:>9.2%} {times['ps'] * 1e3:>8.1f} {times['dense'] * 1e3:>9.1f} "
+              f"{times['sparse'] * 1e3:>10.1f} {choice.ps.step_s * 1e3:>8.1f} "
+              f"{choice.all_reduce.step_s * 1e3:>8.1f} {runs[0]['ps_bytes'] / 2**20:>8.2f} "
+              f"{choice.all_reduce.bytes_per_worker / 2**20:>8.2f} {choice.reason}", flush=True)
+    for r in per_repeat:  # the score of each repeat's own times: its spread
+        repeat_points = [(kind, r[i]["times"]) for i, (kind, _) in enumerate(points)]
+        lost.append(mean_time_lost(repeat_points, ("ps", "dense")))
+        lost_all.append(mean_time_lost(repeat_points, SIDES))
+    verdict = Verdict(quick=args.quick)
+    verdict.check(worst <= PARAM_ATOL, f"PS and the sparse exchange end with the dense "
+                  f"all-reduce's parameters at every point (max |diff| {worst:.1e})")
+    return {"time_lost": Spread.of(lost), "time_lost_vs_sparse": Spread.of(lost_all),
+            "planner_right": sum(right) / max(len(right), 1)}, verdict
+
+
+# -- part 2: stragglers ------------------------------------------------------------------
 
 
 def heldout_loss(params: dict[str, torch.Tensor], data: ZipfClicks, args) -> float:
@@ -249,8 +228,7 @@ def heldout_loss(params: dict[str, torch.Tensor], data: ZipfClicks, args) -> flo
 class OnDevice:
     """The CTR loss, then ``seconds`` of simulated accelerator time (the forward and
     backward passes of a worker with a device of its own: 2 cores cannot run 8 workers'
-    real work side by side). It falls between the pull and the push, as real compute
-    does: a step cannot start it before its parameters are in."""
+    real work side by side). It falls between the pull and the push, as real compute does."""
 
     seconds: float
 
@@ -260,120 +238,120 @@ class OnDevice:
         return loss
 
 
-def straggler_run(args, spec: ConsistencySpec, slowdown: Slowdown) -> tuple[float, float]:
-    """``--straggler-workers`` sharing ``--straggler-steps`` worker-steps each:
-    (worker-steps/s, held-out loss)."""
+def straggler_run(args, workers: int, spec: ConsistencySpec, slowdown: Slowdown
+                  ) -> tuple[float, float]:
+    """``workers`` sharing ``--straggler-steps`` worker-steps each: (worker-steps/s,
+    held-out loss)."""
     data = ZipfClicks(args.straggler_rows, batch=256, fields=FIELDS)
     factory = functools.partial(CTRModel, args.straggler_rows, args.dim, FIELDS, seed=0)
-    config = PSConfig(
-        num_servers=2, optimizer=OptimizerSpec(OptimizerKind.ADAGRAD, lr=0.05), consistency=spec
-    )
-    result = PSRun(
-        factory,
-        data,
-        OnDevice(args.compute),
-        workers=args.straggler_workers,
-        steps=args.straggler_steps,
-        config=config,
-        slowdown=slowdown,
-        shared_budget=True,
-    ).result()
+    config = PSConfig(num_servers=2, optimizer=OptimizerSpec(OptimizerKind.ADAGRAD, lr=LR),
+                      consistency=spec)
+    result = PSRun(factory, data, OnDevice(args.compute), workers=workers,
+                   steps=args.straggler_steps, config=config, slowdown=slowdown,
+                   shared_budget=True).result()
     rate, loss = result.steps / result.wall_s, heldout_loss(result.params, data, args)
-    print(
-        f"  {spec.mode.value}: {rate:.1f} worker-steps/s, held-out loss {loss:.4f}, "
-        f"steps per worker {[len(x) for x in result.losses]}",
-        flush=True,
-    )
+    print(f"  {workers} workers {spec.mode.value}: {rate:.1f} worker-steps/s, held-out loss "
+          f"{loss:.4f}", flush=True)
     return rate, loss
 
 
-def straggler(args) -> dict[tuple[str, Consistency], tuple[float, float]]:
-    """BSP, SSP and ASP with one worker 2x slower: transient (the slow worker changes
-    every ``--rotate-every`` clocks) and persistent (always the same worker)."""
-    specs = {
-        Consistency.BSP: ConsistencySpec(),
-        Consistency.SSP: ConsistencySpec(Consistency.SSP, args.staleness),
-        Consistency.ASP: ConsistencySpec(Consistency.ASP),
-    }
-    kinds = {
-        "transient": Slowdown(2.0, rotate_every=args.rotate_every),
-        "persistent": Slowdown(2.0, worker=args.straggler_workers - 1),
-    }
-    out = {}
-    for kind, slowdown in kinds.items():
-        print(f"straggler, {kind}: {slowdown}", flush=True)
-        for mode, spec in specs.items():
-            out[kind, mode] = straggler_run(args, spec, slowdown)
-    return out
+def stragglers(args, workers: int, repeats: int) -> dict[str, Spread | float]:
+    """BSP, SSP and ASP, each kind of straggler, alternated over ``repeats``; the ratios
+    to BSP of each repeat."""
+    specs = {Consistency.BSP: ConsistencySpec(),
+             Consistency.SSP: ConsistencySpec(Consistency.SSP, args.staleness),
+             Consistency.ASP: ConsistencySpec(Consistency.ASP)}
+    kinds = {"rotating": Slowdown(2.0, rotate_every=args.rotate_every),
+             "persistent": Slowdown(2.0, worker=workers - 1)}
+    out: dict[tuple[str, Consistency], list[tuple[float, float]]] = {}
+    for repeat in range(repeats):
+        for kind, slowdown in kinds.items():
+            print(f"straggler, {workers} workers, {kind}, repeat {repeat + 1}: {slowdown}",
+                  flush=True)
+            for mode in order_of(list(specs), repeat):
+                out.setdefault((kind, mode), []).append(
+                    straggler_run(args, workers, specs[mode], slowdown))
+
+    def speedup(kind: str, mode: Consistency) -> Spread:
+        return Spread.of([ratio(r, b) for (r, _), (b, _) in
+                          zip(out[kind, mode], out[kind, Consistency.BSP], strict=True)])
+
+    def loss_gap(kind: str, mode: Consistency) -> Spread:
+        return Spread.of([(loss - base) / base for (_, loss), (_, base) in
+                          zip(out[kind, mode], out[kind, Consistency.BSP], strict=True)])
+
+    return {"speedup": speedup("rotating", Consistency.SSP),
+            "loss_gap": loss_gap("rotating", Consistency.SSP),
+            "persistent_ssp": speedup("persistent", Consistency.SSP),
+            "persistent_asp": speedup("persistent", Consistency.ASP),
+            "persistent_asp_gap": loss_gap("persistent", Consistency.ASP),
+            "ideal": ideal_speedup(workers)}
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--rows", type=int, default=None)
     parser.add_argument("--dim", type=int, default=4)
-    parser.add_argument("--fractions", default="0.0001,0.001,0.01,0.1,0.3")
+    parser.add_argument("--fractions", default=None)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument(
-        "--calibrate-at", default="0.005,0.05", help="two touched shares timed for the row cost"
-    )
-    parser.add_argument(
-        "--calibrate-steps", type=int, default=8, help="steps timed at each calibration share"
-    )
+    parser.add_argument("--steps", type=int, default=10, help="timed steps a point (>= 10)")
+    parser.add_argument("--calibrate-at", default="0.002,0.2",
+                        help="two touched shares (outside the sweep) timed for the row cost")
+    parser.add_argument("--calibrate-steps", type=int, default=10)
+    parser.add_argument("--calibration", default=None,
+                        help="links JSON: read if it exists (else calibrate and write it)")
+    parser.add_argument("--calibrate-only", action="store_true",
+                        help="calibrate, write --calibration, and stop")
     parser.add_argument("--straggler-rows", type=int, default=100_000)
-    parser.add_argument("--straggler-steps", type=int, default=40)
-    parser.add_argument("--straggler-workers", type=int, default=8)
+    parser.add_argument("--straggler-steps", type=int, default=None)
+    parser.add_argument("--straggler-workers", default="8,4")
     parser.add_argument("--staleness", type=int, default=4)
-    parser.add_argument(
-        "--rotate-every", type=int, default=2, help="clocks per transient straggler"
-    )
-    parser.add_argument(
-        "--compute", type=float, default=0.1, help="s of simulated device time per step"
-    )
+    parser.add_argument("--rotate-every", type=int, default=2, help="clocks per rotating straggler")
+    parser.add_argument("--compute", type=float, default=0.1,
+                        help="s of simulated device time per step")
+    add_common_arguments(parser)
     args = parser.parse_args()
+    repeats = repeats_of(args, quick=1)
+    args.rows = args.rows or (1_000_000 if args.quick else 10_000_000)
+    args.fractions = args.fractions or ("0.005,0.05" if args.quick else
+                                        "0.005,0.01,0.02,0.03,0.05,0.07,0.1")
+    args.straggler_steps = args.straggler_steps or (12 if args.quick else 40)
+    if args.calibrate_only and not args.calibration:
+        raise SystemExit("--calibrate-only needs --calibration FILE to write the links to")
     import ray
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.WARNING)
-    port = _port()
-    actor = ray.remote(AllReduceWorker).options(num_cpus=0)
-    ar_workers = [actor.remote(r, 2, port, args.rows, args.dim) for r in range(2)]
-    links = calibrate_rows(args, calibrate(ray, ar_workers, args.rows, args.dim))
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    port = free_port()
+    actor = ray.remote(CollectiveWorker).options(num_cpus=0)
+    workers = [actor.remote(r, 2, port, args.rows, args.dim) for r in range(2)]
+    links = links_for(ray, args, workers)
     print(f"links: {links}", flush=True)
-    print(
-        f"{'touched':>9} {'PS ms':>8} {'AR ms':>8} {'PS pred':>8} {'AR pred':>8} "
-        f"{'PS MiB':>8} {'AR MiB':>8} pick"
-    )
-    points = []
-    for fraction in (float(f) for f in args.fractions.split(",") if f):
-        p = sweep_point(ray, args, ar_workers, links, fraction)
-        points.append(p)
-        print(
-            f"{fraction:>9.4%} {p['ps_s'] * 1e3:>8.1f} {p['ar_s'] * 1e3:>8.1f} "
-            f"{p['predicted'][0] * 1e3:>8.1f} {p['predicted'][1] * 1e3:>8.1f} "
-            f"{p['ps_bytes'] / 2**20:>8.2f} {p['ar_bytes'] / 2**20:>8.2f} {p['pick'].value}"
-            f" ({'right' if p['right'] else 'WRONG'}): {p['reason']}",
-            flush=True,
-        )
-    for w in ar_workers:
+    if args.calibrate_only:
+        ray.shutdown()
+        return Verdict(quick=args.quick).finish({
+            "row_ns": links.row_s * 1e9, "all_reduce_mb_s": links.all_reduce_bw / 1e6,
+            "actor_mb_s": links.worker_bw / 1e6, "actor_call_ms": links.ps_latency_s * 1e3})
+    scores, verdict = sweep(ray, args, links, workers, repeats)
+    for w in workers:
         ray.kill(w)
-    out = straggler(args)
-    right = sum(p["right"] for p in points) / max(len(points), 1)
-
-    def versus_bsp(kind: str, mode: Consistency) -> tuple[float, float]:
-        (rate, loss), (bsp_rate, bsp_loss) = out[kind, mode], out[kind, Consistency.BSP]
-        return rate / bsp_rate, (loss - bsp_loss) / bsp_loss
-
-    speedup, gap = versus_bsp("transient", Consistency.SSP)
-    fixed_ssp, _ = versus_bsp("persistent", Consistency.SSP)
-    fixed_asp, fixed_asp_gap = versus_bsp("persistent", Consistency.ASP)
+    straggler = {int(n): stragglers(args, int(n), repeats)
+                 for n in args.straggler_workers.split(",")}
     print(f"load average: {os.getloadavg()}")
-    print(
-        f"RESULT planner_right={right:.2f} straggler_speedup={speedup:.2f} loss_gap={gap:.4f} "
-        f"persistent_ssp_speedup={fixed_ssp:.2f} persistent_asp_speedup={fixed_asp:.2f} "
-        f"persistent_asp_loss_gap={fixed_asp_gap:.4f}"
-    )
     ray.shutdown()
+    values: dict[str, Spread | float] = dict(scores)
+    for n, figures in straggler.items():
+        tail = "" if n == 8 else f"_{n}"
+        values |= {f"straggler_speedup{tail}": figures["speedup"],
+                   f"loss_gap{tail}": figures["loss_gap"],
+                   f"persistent_ssp_speedup{tail}": figures["persistent_ssp"],
+                   f"persistent_asp_speedup{tail}": figures["persistent_asp"],
+                   f"persistent_asp_loss_gap{tail}": figures["persistent_asp_gap"],
+                   f"ideal_{n}": figures["ideal"]}
+    if "straggler_speedup" in values:
+        verdict.target("straggler_speedup", values["straggler_speedup"], 1.6, at_most=False)
+    return verdict.finish(values)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

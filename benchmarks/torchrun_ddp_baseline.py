@@ -1,7 +1,8 @@
 """Plain PyTorch DDP under ``torchrun``: the baseline of ddp_vs_torchrun.py.
 
 Same model, data order, optimizer, schedule and clipping as unipar's run, one thread per
-process. Rank 0 writes the wall-clock end time of every step to the JSON file given.
+process. Rank 0 writes the wall-clock end time of every step and its loss (the mean over
+the ranks, as unipar reports it) to the JSON file given.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def main(steps: int, out: str) -> None:
     base_lr = optimizer.param_groups[0]["lr"]
     dataset = job.dataset()
     sampler = GlobalBatchSampler(len(dataset), job.global_batch_size, job.seed)
-    ends = []
+    ends, losses = [], []
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = base_lr * job.lr_schedule.multiplier(step, steps)
@@ -43,11 +44,13 @@ def main(steps: int, out: str) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), job.grad_clip_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loss.item()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)  # every rank's loss on its half, averaged: the batch's loss
+        losses.append(mean.item() / world)
         ends.append(time.time())
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"step_ends": ends}, f)
+            json.dump({"step_ends": ends, "losses": losses}, f)
     dist.destroy_process_group()
 
 

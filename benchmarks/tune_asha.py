@@ -2,96 +2,149 @@
 full length (FIFO), (b) the same 16 under ASHA; and one trial's time from submission to
 its first step under unipar vs a plain Ray Tune + Ray Train TorchTrainer trial.
 
-compute_ratio: worker-seconds of (b) over (a) (each trial's wall time x its workers);
-best_gap: (best of b - best of a) / best of a, each trial's loss the mean of its last 4
-reports at the full length; trial_start_ratio: unipar / TorchTrainer submission-to-first-step.
+Every trial trains on the first nine tenths of the standard library's text windows and is
+judged on a fixed sample of the last tenth (benchmarks/workload.py), from its final
+checkpoint. compute_ratio: the trial steps ASHA ran over the steps of (a) (16 x the full
+length): counted in steps, not wall time, since late ASHA trials run faster alone on an
+oversubscribed machine. best_gap: (best held-out loss of (b) - best of (a)) / best of (a),
+over the trials that reached the full length (not 0 by construction: it is measured on data
+no trial trained on). (a) trains every config to its end the same way in every run (same
+seeds, data and steps), so it runs once; ASHA's stopping decisions depend on the order
+reports arrive in, so (b) runs ``--repeats`` times. trial_start_ratio: unipar / TorchTrainer
+submission-to-first-step, the two alternated ``--repeats`` times.
+
+RESULT: compute_ratio (target <= 0.4), best_gap, trial_start_ratio; each with _min/_max.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import functools
+import json
+import math
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
+import workload
+from measure import Spread, Verdict, add_common_arguments, alternate, paired_ratios, repeats_of
+from ray_head import ray_head
+from workload import gpt_held_out, gpt_train
 
+from unipar.job import Job
 from unipar.optimizer import LRSchedule, OptimizerSpec, ScheduleKind
+from unipar.ray_cluster.session import start_ray
 from unipar.recipes import gpt_stdlib
 from unipar.tuning.api import tune
 
 LRS = (3e-4, 1e-3, 3e-3, 1e-2)
 WARMUPS = (0, 8)
 DECAYS = (0.0, 0.1)
+SEQ_LEN = 128
 
 
-def make_job(config: dict) -> object:
+def make_job(config: dict) -> Job:
     job = gpt_stdlib(steps=int(config["steps"]), global_batch_size=8)
     return replace(
         job,
+        dataset=functools.partial(gpt_train, SEQ_LEN),
         optimizer=OptimizerSpec(lr=config["lr"], weight_decay=config["weight_decay"]),
         lr_schedule=LRSchedule(ScheduleKind.WARMUP_COSINE, warmup_steps=int(config["warmup"])),
     )
 
 
-def _experiment(scheduler: str, steps: int, root: Path) -> tuple[float, float, float]:
-    """(worker-seconds, best loss at the full length, seconds) of one experiment."""
-    space = {
-        "lr": {"grid": list(LRS)},
-        "warmup": {"grid": list(WARMUPS)},
-        "weight_decay": {"grid": list(DECAYS)},
-        "steps": steps,
-    }
+# -- the arithmetic (pure) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Experiment:
+    steps_run: int  # trial steps, summed over the trials
+    held_out: dict[str, float]  # trial -> held-out loss, for the trials that reached the end
+
+
+def steps_run(curves: dict[str, tuple[list[int], list[float], str]]) -> int:
+    """Trial steps an experiment ran: each trial's last reported step, summed."""
+    return sum(steps[-1] for steps, _, _ in curves.values() if steps)
+
+
+def best_held_out(experiment: Experiment) -> float:
+    """The best held-out loss of the trials that reached the full length (NaN losses, from a
+    diverged trial, do not count); NaN when none did."""
+    losses = [v for v in experiment.held_out.values() if not math.isnan(v)]
+    return min(losses) if losses else math.nan
+
+
+def gap(ours: float, full: float) -> float:
+    """(ours - full) / full: the relative held-out loss given up; NaN if either is."""
+    if math.isnan(ours) or math.isnan(full) or full <= 0:
+        return math.nan
+    return (ours - full) / full
+
+
+def compute_ratios(asha: Sequence[Experiment | None], full: Experiment) -> list[float | None]:
+    return [None if a is None else a.steps_run / full.steps_run for a in asha]
+
+
+# -- the runs ----------------------------------------------------------------------------
+
+
+def held_out_losses(experiment: Path, steps: int) -> dict[str, float]:
+    """Each trial's held-out loss from its final checkpoint, for trials that reached
+    ``steps`` (their newest checkpoint is of that step)."""
+    import torch
+
+    from unipar.runtime.checkpoint import latest_checkpoint, load_model_state, read_checkpoint
+
+    data = gpt_held_out(SEQ_LEN)
+    inputs = torch.stack([data[i][0] for i in range(len(data))])
+    targets = torch.stack([data[i][1] for i in range(len(data))])
+    out = {}
+    for params in sorted(experiment.glob("*/params.json")):
+        trial = params.parent
+        newest = [c for c in (latest_checkpoint(d) for d in trial.glob("run-*/checkpoints"))
+                  if c is not None]
+        final = [c for c in newest if read_checkpoint(c).step == steps]
+        if not final:
+            continue
+        job = make_job({**json.loads(params.read_text()), "steps": steps})
+        model = job.model()
+        model.load_state_dict(load_model_state(final[-1]))
+        model.eval()
+        with torch.no_grad():
+            out[trial.name] = float(job.loss(model(inputs), targets))
+    return out
+
+
+def experiment(scheduler: str, steps: int, root: Path, name: str) -> Experiment:
+    space = {"lr": {"grid": list(LRS)}, "warmup": {"grid": list(WARMUPS)},
+             "weight_decay": {"grid": list(DECAYS)}, "steps": steps}
     began = time.perf_counter()
-    result = tune(
-        make_job,
-        space,
-        num_samples=1,
-        searcher="grid",
-        scheduler=scheduler,
-        workers_per_trial=1,
-        storage_path=root,
-        name=scheduler,
-        progress=False,
-        plot=False,
-    )
-    seconds = time.perf_counter() - began
-    worker_s, finals = 0.0, []
-    for steps_seen, losses, _status in result.curves.values():
-        if steps_seen and steps_seen[-1] >= steps:
-            finals.append(sum(losses[-4:]) / len(losses[-4:]))
-    for path in (root / scheduler).glob("*/progress.csv"):
-        import pandas
-
-        worker_s += float(pandas.read_csv(path)["time_total_s"].iloc[-1])  # 1 worker each
-    return worker_s, min(finals), seconds
+    result = tune(make_job, space, num_samples=1, searcher="grid", scheduler=scheduler,
+                  workers_per_trial=1, storage_path=root, name=name, progress=False, plot=False)
+    out = Experiment(steps_run(result.curves), held_out_losses(root / name, steps))
+    print(f"  {scheduler}: {out.steps_run} trial steps, {len(out.held_out)} trials to the end, "
+          f"best held-out {best_held_out(out):.4f} ({time.perf_counter() - began:.0f} s)",
+          flush=True)
+    return out
 
 
-def _unipar_first_step(root: Path) -> float:
-    began = time.time()
-    result = tune(
-        make_job,
-        {"lr": {"grid": [1e-3]}, "warmup": 0, "weight_decay": 0.0, "steps": 2},
-        num_samples=1,
-        searcher="grid",
-        scheduler="fifo",
-        workers_per_trial=1,
-        storage_path=root,
-        name="start-unipar",
-        progress=False,
-        plot=False,
-    )
+def unipar_first_step(root: Path, name: str) -> float:
     import pandas
 
-    frame = pandas.read_csv(next((root / "start-unipar").glob("*/progress.csv")))
-    assert result.rows
+    began = time.time()
+    tune(make_job, {"lr": {"grid": [1e-3]}, "warmup": 0, "weight_decay": 0.0, "steps": 2},
+         num_samples=1, searcher="grid", scheduler="fifo", workers_per_trial=1,
+         storage_path=root, name=name, progress=False, plot=False)
+    frame = pandas.read_csv(next((root / name).glob("*/progress.csv")))
     return float(frame["finished_at"].iloc[0]) - began
 
 
 def _train_loop(config: dict) -> None:
+    import ray.train.torch
     import torch
 
     job = make_job(config)
@@ -109,56 +162,76 @@ def _ray_train_trial(config: dict) -> None:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    trainer = TorchTrainer(
+    TorchTrainer(
         _train_loop,
         train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
         run_config=RunConfig(storage_path=config["storage"], name="ray-train-inner"),
-    )
-    trainer.fit()
+    ).fit()
 
 
-def _ray_train_first_step(root: Path) -> float:
+def ray_train_first_step(root: Path, name: str) -> float:
     from ray import tune as ray_tune
 
-    mark = root / "first-step-ray-train"
-    config = {"lr": 1e-3, "warmup": 0, "weight_decay": 0.0, "steps": 2}
-    config = {**config, "mark": str(mark), "storage": str(root / "ray-train")}
+    mark = root / f"{name}-mark"
+    config = {"lr": 1e-3, "warmup": 0, "weight_decay": 0.0, "steps": 2, "mark": str(mark),
+              "storage": str(root / f"{name}-inner")}
     began = time.time()
-    trainable = ray_tune.with_resources(_ray_train_trial, {"CPU": 1})
     ray_tune.Tuner(
-        trainable,
+        ray_tune.with_resources(_ray_train_trial, {"CPU": 1}),
         param_space=config,
-        run_config=ray_tune.RunConfig(storage_path=str(root), name="start-ray-train", verbose=0),
+        run_config=ray_tune.RunConfig(storage_path=str(root), name=name, verbose=0),
     ).fit()
     return float(mark.read_text()) - began
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=48)
+def log(line: str) -> None:
+    print(line, flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=None, help="full length of a trial")
     parser.add_argument("--cpus", type=int, default=4)
+    add_common_arguments(parser)
     args = parser.parse_args()
-    ray.init(
-        address="local", num_cpus=args.cpus, include_dashboard=False, logging_level=logging.WARNING
-    )
+    repeats = repeats_of(args, quick=1)
+    steps = args.steps or (16 if args.quick else 48)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    with tempfile.TemporaryDirectory() as directory:
+    ray.cloudpickle.register_pickle_by_value(workload)
+    with ray_head(num_cpus=args.cpus) as address, tempfile.TemporaryDirectory() as directory:
+        start_ray(address)
         root = Path(directory)
-        full_ws, full_best, full_s = _experiment("fifo", args.steps, root)
-        asha_ws, asha_best, asha_s = _experiment("asha", args.steps, root)
-        ray_train = _ray_train_first_step(root)
-        unipar_start = _unipar_first_step(root)
-    ray.shutdown()
-    print(f"full:  {full_ws:8.1f} worker-s  best {full_best:.4f}  ({full_s:.0f} s)")
-    print(f"asha:  {asha_ws:8.1f} worker-s  best {asha_best:.4f}  ({asha_s:.0f} s)")
-    print(f"first step: unipar {unipar_start:.2f} s, Ray Tune + Ray Train {ray_train:.2f} s")
-    print(
-        f"RESULT compute_ratio={asha_ws / full_ws:.3f} "
-        f"best_gap={(asha_best - full_best) / full_best:.4f} "
-        f"trial_start_ratio={unipar_start / ray_train:.3f}"
-    )
+        full = experiment("fifo", steps, root, "full")
+        counter = iter(range(10**6))
+        asha = alternate({"asha": lambda: experiment("asha", steps, root, f"asha-{next(counter)}")},
+                         repeats, log=log)["asha"]
+        starts = alternate(
+            {"unipar": lambda: unipar_first_step(root, f"start-unipar-{next(counter)}"),
+             "ray train": lambda: ray_train_first_step(root, f"start-ray-{next(counter)}")},
+            repeats, log=log)
+        ray.shutdown()
+    return report(full, asha, starts, quick=args.quick)
+
+
+def report(full: Experiment, asha: list[Experiment | None],
+           starts: dict[str, list[float | None]], *, quick: bool) -> int:
+    verdict = Verdict(quick=quick)
+    compute = Spread.of(compute_ratios(asha, full))
+    full_best = best_held_out(full)
+    best_gap = Spread.of([None if a is None else gap(best_held_out(a), full_best) for a in asha])
+    start_ratio = Spread.of(paired_ratios(starts["unipar"], starts["ray train"]))
+    print(f"full: {full.steps_run} trial steps, best held-out {full_best:.4f}")
+    print(f"asha: trial steps / full {compute}; best held-out gap {best_gap}")
+    print(f"first step: unipar {Spread.of(starts['unipar'])} s, Ray Tune + Ray Train "
+          f"{Spread.of(starts['ray train'])} s")
+    verdict.check(len(full.held_out) == len(LRS) * len(WARMUPS) * len(DECAYS),
+                  f"every FIFO trial reached the full length ({len(full.held_out)} did)")
+    verdict.check(not best_gap.missing, "every ASHA run took some trial to the full length")
+    verdict.target("compute_ratio", compute, 0.4)
+    return verdict.finish({"compute_ratio": compute, "best_gap": best_gap,
+                           "trial_start_ratio": start_ratio})
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

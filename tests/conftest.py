@@ -6,6 +6,11 @@ import logging
 
 import pytest
 
+# XGBoost-Ray's own tests start and stop Ray themselves: they run in processes of their
+# own (tests/test_xgboost_ray_suite.py, benchmarks/xgboost_ray_suite.py), never in this
+# session, whose tests share one Ray.
+collect_ignore = ["xgboost_ray_suite"]
+
 
 @pytest.fixture(scope="session")
 def ray_cluster():

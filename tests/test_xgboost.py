@@ -300,6 +300,17 @@ def test_label_missing_or_wrong_length(cancer):
         RayDMatrix(x, y[:100])
 
 
+def test_settings_that_cannot_train_fail_before_any_actor_starts(ray_cluster, cancer):
+    x, y = cancer
+    elastic = RayParams(num_actors=2, elastic_training=True)  # XGBoost-Ray accepts this here
+    with pytest.raises(ConfigError, match=r"max_failed_actors >= 1.*got max_failed_actors=0"):
+        train(PARAMS, RayDMatrix(x, y), 5, ray_params=elastic)
+    with pytest.raises(ConfigError, match="tree_method='exact' does not train across actors"):
+        train({**PARAMS, "tree_method": "exact"}, RayDMatrix(x, y), 5)
+    with pytest.raises(ConfigError, match="2 files cannot feed 3 actors"):
+        train(PARAMS, RayDMatrix(["a.csv", "b.csv"], label="y", num_actors=3), 5)
+
+
 def test_more_actors_than_the_cluster(ray_cluster, cancer):
     x, y = cancer
     with pytest.raises(ResourceError, match=r"needs 8 CPUs \(4 actors x 2 CPU each\).*has 4"):
@@ -404,10 +415,11 @@ def test_quantile_matrix_and_distributed_callbacks(ray_cluster, cancer, tmp_path
     trainers = calls["before_train"]
     predictors = calls["before_predict"]
     assert len(trainers) == 2 and len(predictors) == 2 and not trainers & predictors
-    for hook in ("before_data_loading", "after_data_loading", "after_train"):
-        assert calls[hook] == trainers, (hook, calls)
+    assert calls["after_train"] == trainers
     assert calls["after_predict"] == predictors
-    assert calls["on_init"] == trainers | predictors
+    # every actor loads its data, for training or prediction (XGBoost-Ray's order)
+    for hook in ("on_init", "before_data_loading", "after_data_loading"):
+        assert calls[hook] == trainers | predictors, (hook, calls)
 
 
 def test_combine_data_restores_row_order():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from unipar.errors import ConfigError
-from unipar.xgboost.matrix import _split_at_queries
+from unipar.xgboost.sharding import split_at_queries
 
 
 @pytest.mark.parametrize(
@@ -20,7 +20,7 @@ from unipar.xgboost.matrix import _split_at_queries
 )
 def test_every_actor_gets_whole_queries(qid, actors):
     qid = np.array(qid)
-    shards = _split_at_queries(qid, actors)
+    shards = split_at_queries(qid, actors)
     assert len(shards) == actors
     assert all(s.stop > s.start for s in shards)  # none empty
     assert [s.start for s in shards[1:]] == [s.stop for s in shards[:-1]]  # contiguous
@@ -31,11 +31,11 @@ def test_every_actor_gets_whole_queries(qid, actors):
 
 def test_even_queries_split_evenly():
     qid = np.repeat(np.arange(8), 5)
-    assert [s.stop - s.start for s in _split_at_queries(qid, 4)] == [10, 10, 10, 10]
+    assert [s.stop - s.start for s in split_at_queries(qid, 4)] == [10, 10, 10, 10]
 
 
 def test_fewer_queries_than_actors_and_unsorted_rows_are_refused():
     with pytest.raises(ConfigError, match="3 queries cannot be split over 4 actors"):
-        _split_at_queries(np.array([0, 0, 1, 2]), 4)
+        split_at_queries(np.array([0, 0, 1, 2]), 4)
     with pytest.raises(ConfigError, match="sorted by qid"):
-        _split_at_queries(np.array([1, 0]), 2)
+        split_at_queries(np.array([1, 0]), 2)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
+from unipar.data.sampler import GlobalBatchSampler
 from unipar.job import Job, OptimizerSpec
 from unipar.models.gpt import GPT, GPTConfig
 from unipar.models.llama import Llama, LlamaConfig
@@ -164,3 +167,39 @@ def tiny_mlp_job(*, steps: int = 10, global_batch_size: int = 8) -> Job:
 def user_model_job(*, steps: int = 10, global_batch_size: int = 8, model=UserModel) -> Job:  # type: ignore[no-untyped-def]
     dataset = functools.partial(RandomRegression, 256, 16, 4)
     return small_job("user-model", model, dataset, mse_loss, steps, global_batch_size)
+
+
+def single_process_losses(
+    job: Job, loss_of: Callable[[torch.nn.Module, Any, Any], torch.Tensor] | None = None
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Losses per step and final weights of ``job`` trained in this process on the
+    whole global batch at once, with no unipar runtime involved: the reference that
+    parity tests and benchmarks compare a distributed run's losses with.
+    ``loss_of(model, inputs, targets)``: the step's loss (default: the job's loss of the
+    model's output, the model called as the job says)."""
+    if loss_of is None:
+
+        def loss_of(model, inputs, targets):  # type: ignore[no-untyped-def]
+            outputs = model(**inputs) if job.call.value == "kwargs" else model(inputs)
+            return job.loss(outputs, targets)
+
+    torch.manual_seed(job.seed)
+    model = job.model()
+    optimizer = job.build_optimizer(model.parameters())
+    base = [g["lr"] for g in optimizer.param_groups]
+    dataset = job.dataset()
+    sampler = GlobalBatchSampler(len(dataset), job.global_batch_size, job.seed)
+    losses = []
+    for step in range(job.steps):
+        for group, lr in zip(optimizer.param_groups, base, strict=True):
+            group["lr"] = lr * job.lr_schedule.multiplier(step, job.steps)
+        samples = [dataset[int(i)] for i in sampler.global_indices(step)]
+        inputs, targets = (job.collate or default_collate)(samples)
+        loss = loss_of(model, inputs, targets)
+        loss.backward()
+        if job.grad_clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), job.grad_clip_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses, model.state_dict()

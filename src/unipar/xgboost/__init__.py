@@ -6,7 +6,8 @@
 Names load on first use, so a training actor imports only the modules it runs.
 XGBoost-Ray's module names work too: ``unipar.xgboost.main`` (``driver``) and
 ``unipar.xgboost.callback`` (``callbacks``), and every submodule under
-``unipar.xgboost_ray`` (``unipar.xgboost_ray.session``).
+``unipar.xgboost_ray`` (``unipar.xgboost_ray.session``). Guide, and the differences
+from XGBoost-Ray that its own test suite shows: ``docs/xgboost.md``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _EXPORTS = {
     "train": "unipar.xgboost.driver",
     "RayDMatrix": "unipar.xgboost.matrix",
     "RayDeviceQuantileDMatrix": "unipar.xgboost.matrix",
+    "RayQuantileDMatrix": "unipar.xgboost.matrix",
     "RayFileType": "unipar.xgboost.matrix",
     "RayShardingMode": "unipar.xgboost.matrix",
     "combine_data": "unipar.xgboost.matrix",

@@ -17,25 +17,32 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import ray
 
 from unipar.ray_cluster.supervisor import describe_process
 from unipar.xgboost.lean_import import import_xgboost_core
-from unipar.xgboost.matrix import FIELDS, RayDMatrix, RayFileType, Shard
+from unipar.xgboost.matrix import RayDMatrix
 from unipar.xgboost.session import init_session
+from unipar.xgboost.sources import FIELDS, Shard, read_shard
 
 if TYPE_CHECKING:
     import xgboost as xgb
 
 
 class XGBoostActor:
-    def __init__(self, rank: int, callbacks: list[Any] | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        num_actors: int | None = None,
+        distributed_callbacks: list[Any] | None = None,
+    ) -> None:
         import_xgboost_core()
         self.rank = rank
+        self.num_actors = num_actors
         self.session = init_session(rank)
         self.loaded: dict[str, tuple[RayDMatrix, dict[str, Any]]] = {}
-        self.callbacks = list(callbacks or [])
+        self.callbacks = list(distributed_callbacks or [])
         self._lock = threading.Lock()
+        self._loading = threading.Lock()
         self._checkpoint: tuple[int, bytes] | None = None
         self._rounds: list[tuple[int, dict[str, float], bytes | None]] = []
         self.stop_requested = threading.Event()
@@ -47,14 +54,22 @@ class XGBoostActor:
         return describe_process()
 
     def load(self, name: str, matrix: RayDMatrix, shard: Shard) -> int:
-        """Read this actor's shard of ``matrix`` once; return its rows."""
-        if name not in self.loaded:
-            for callback in self.callbacks:
-                callback.before_data_loading(self, matrix)
-            self.loaded[name] = (matrix, read_shard(matrix, shard))
-            for callback in self.callbacks:
-                callback.after_data_loading(self, matrix)
+        """Read this actor's shard of ``matrix`` once; return its rows. A matrix loaded
+        under another name already (the training data also evaluated on) is not read
+        again."""
+        with self._loading:  # one load at a time: a second call may be the same matrix
+            if name not in self.loaded:
+                same = [v for v in self.loaded.values() if v[0] == matrix]
+                self.loaded[name] = same[0] if same else (matrix, self._read(matrix, shard))
         return len(self.loaded[name][1]["data"])
+
+    def _read(self, matrix: RayDMatrix, shard: Shard) -> dict[str, Any]:
+        for callback in self.callbacks:
+            callback.before_data_loading(self, matrix)
+        parts = read_shard(matrix, shard)
+        for callback in self.callbacks:
+            callback.after_data_loading(self, matrix)
+        return parts
 
     def keep_checkpoint(self, rounds: int, model: xgb.Booster) -> None:
         raw = bytes(model.save_raw("ubj"))
@@ -95,8 +110,9 @@ class XGBoostActor:
     ) -> dict[str, Any]:
         """Train ``rounds`` more rounds with the other actors (alone, outside any
         collective, when ``tracker_args`` is None). Returns the collective rank, the
-        model (rank 0 only), the rounds done and the evaluation log; or, if the
-        collective broke (a peer died), ``{"error": ...}``."""
+        model (rank 0 only), the rounds done and the evaluation log; or, if training
+        failed here, ``{"error": ..., "collective": <a peer broke the collective>,
+        "exited": <user code called sys.exit()>}``."""
         import xgboost as xgb  # noqa: PLC0415 (heavy: xgboost)
         from xgboost import collective  # noqa: PLC0415 (heavy: xgboost)
 
@@ -124,7 +140,10 @@ class XGBoostActor:
                 train_matrix = to_dmatrix(*self.loaded["train"])
                 matrices = {"train": train_matrix}
                 for name in evals:
-                    matrices[name] = to_dmatrix(*self.loaded[name], ref=train_matrix)
+                    if self.loaded[name] is self.loaded["train"]:  # evaluated as trained on
+                        matrices[name] = train_matrix
+                    else:
+                        matrices[name] = to_dmatrix(*self.loaded[name], ref=train_matrix)
                 booster = xgb.train(
                     params,
                     matrices["train"],
@@ -135,11 +154,14 @@ class XGBoostActor:
                     callbacks=[*(callbacks or []), after_each_round],
                     **{"verbose_eval": False, **kwargs},  # xgboost prints on rank 0 only
                 )
-        except Exception as error:  # reported to the driver, which names this actor
+        except (Exception, SystemExit) as error:  # reported to the driver, naming this actor
             return {
                 "error": f"{type(error).__name__}: {str(error)[:2000]}",
                 "traceback": traceback.format_exc(),
                 "collective": isinstance(error, xgb.core.XGBoostError),
+                # sys.exit() in user code ends this actor's training as a lost actor's
+                # (XGBoost-Ray's behaviour); the process and its data stay for the restart
+                "exited": isinstance(error, SystemExit),
                 "pid": os.getpid(),
             }
         for callback in self.callbacks:
@@ -151,6 +173,9 @@ class XGBoostActor:
             # (early stopping), ended this attempt before its last round
             asked_to_stop=self.stop_requested.is_set(),
             model=bytes(booster.save_raw("ubj")) if rank == 0 else None,
+            # the training parameters (nthread, tree parameters...), which the model
+            # file leaves out: the returned booster reports them as xgboost's does
+            config=booster.save_config() if rank == 0 else None,
             evals_result=log,
         )
         return result
@@ -158,38 +183,23 @@ class XGBoostActor:
     def predict(
         self, matrix: RayDMatrix, shard: Shard, model: bytes, kwargs: dict[str, Any]
     ) -> tuple[np.ndarray, list[int]]:
-        """Predictions on the shard, and the rows of each of its files (none for
-        in-memory data)."""
+        """Predictions on the shard, in its rows' order, and the rows of each of its
+        parts (none for in-memory data)."""
         import xgboost as xgb  # noqa: PLC0415 (heavy: xgboost)
 
         booster = xgb.Booster(model_file=bytearray(model))
+        parts = self._read(matrix, shard)
         for callback in self.callbacks:
             callback.before_predict(self)
-        parts = read_shard(matrix, shard)
         prediction = booster.predict(to_dmatrix(matrix, parts), **kwargs)
+        order = parts.get("order")
+        if order is not None:  # the shard was sorted by qid: put its rows back
+            unsorted = np.empty_like(prediction)
+            unsorted[order] = prediction
+            prediction = unsorted
         for callback in self.callbacks:
             callback.after_predict(self, prediction)
-        return prediction, parts.get("file_rows", [])
-
-
-def read_shard(matrix: RayDMatrix, shard: Shard) -> dict[str, Any]:
-    """The shard's rows: ``{"data": ..., "label": ..., ...}``."""
-    if shard.pieces is not None:
-        return dict(ray.get(shard.pieces))
-    import pandas as pd  # noqa: PLC0415 (heavy: pandas)
-
-    file_rows: list[int] = []
-    if shard.dataset is not None:
-        frame = shard.dataset.to_pandas()
-    else:
-        read = pd.read_parquet if matrix.filetype is RayFileType.PARQUET else pd.read_csv
-        frames = [read(path) for path in shard.files]
-        file_rows = [len(f) for f in frames]
-        frame = pd.concat(frames, ignore_index=True)
-    frame = frame.drop(columns=[c for c in matrix.ignore if c in frame.columns])
-    named = {k: v for k, v in matrix.fields.items() if isinstance(v, str)}
-    values = {k: frame[v].to_numpy() for k, v in named.items()}
-    return {"data": frame.drop(columns=list(named.values())), **values, "file_rows": file_rows}
+        return prediction, parts.get("part_rows", [])
 
 
 def to_dmatrix(

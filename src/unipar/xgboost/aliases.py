@@ -1,7 +1,11 @@
 """XGBoost-Ray's module names: ``unipar.xgboost.main`` is ``unipar.xgboost.driver``,
 ``unipar.xgboost.callback`` is ``unipar.xgboost.callbacks``, and ``unipar.xgboost_ray.X``
 is ``unipar.xgboost.X`` (the same module object, so module state such as the actor's
-session is shared). Resolved on import, by a finder on ``sys.meta_path``."""
+session is shared). Resolved on import, by a finder on ``sys.meta_path``.
+
+``install_aliases("xgboost_ray")`` adds a package of another name whose submodules are
+unipar's the same way (``xgboost_ray.matrix`` is ``unipar.xgboost.matrix``); a submodule
+unipar does not have is left to the package itself (its own files)."""
 
 from __future__ import annotations
 
@@ -12,21 +16,32 @@ import sys
 from types import ModuleType
 from typing import Any
 
+REAL = "unipar.xgboost"
 RENAMED = {"main": "driver", "callback": "callbacks"}
-PREFIXES = ("unipar.xgboost.", "unipar.xgboost_ray.")
+_prefixes = ["unipar.xgboost.", "unipar.xgboost_ray."]
 
 
 def target(fullname: str) -> str | None:
     """The real module behind an alias name, or ``None`` when the name is no alias."""
-    for prefix in PREFIXES:
+    for prefix in _prefixes:
         if fullname.startswith(prefix):
             rest = fullname[len(prefix) :]
             head, _, tail = rest.partition(".")
             renamed = RENAMED.get(head)
-            if prefix == "unipar.xgboost_ray." or renamed:
-                real = "unipar.xgboost." + (renamed or head) + ("." + tail if tail else "")
-                return real if real != fullname else None
+            if prefix == REAL + "." and not renamed:
+                return None
+            real = f"{REAL}.{renamed or head}" + ("." + tail if tail else "")
+            if prefix not in (REAL + ".", "unipar.xgboost_ray.") and not _exists(real):
+                return None
+            return real if real != fullname else None
     return None
+
+
+def _exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -48,6 +63,10 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_loader(fullname, _AliasLoader(real))
 
 
-def install_aliases() -> None:
+def install_aliases(package: str | None = None) -> None:
+    """Install the finder; with ``package``, also alias ``package.X`` to
+    ``unipar.xgboost.X`` for every submodule unipar has."""
+    if package is not None and package + "." not in _prefixes:
+        _prefixes.append(package + ".")
     if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _AliasFinder())

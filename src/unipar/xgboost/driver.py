@@ -16,6 +16,7 @@ runtime uses too (:mod:`unipar.ray_cluster.supervisor`).
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
 import logging
 import time
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ray
+from packaging.version import Version
 from ray.exceptions import RayTaskError
 
 from unipar.errors import ConfigError
@@ -33,7 +35,7 @@ from unipar.ray_cluster.supervisor import (
     Supervisor,
 )
 from unipar.xgboost.background_import import BackgroundImport
-from unipar.xgboost.connect import attach_or_start_ray
+from unipar.xgboost.connect import attach_or_start_ray, run_on_this_node
 from unipar.xgboost.exceptions import (
     RayXGBoostActorAvailable,
     RayXGBoostTrainingError,
@@ -42,34 +44,43 @@ from unipar.xgboost.exceptions import (
 from unipar.xgboost.gang import (
     Gang,
     Losses,
+    _RemoteRayXGBoostActor,
     admit_loaded,
+    in_tune_trial,
     leave_draining,
     load_shards,
     newest_checkpoint,
     replace_actors,
     resolve_params,
+    shutdown_actors,
     split_datasets,
     start_gang,
 )
 from unipar.xgboost.matrix import RayDMatrix
 from unipar.xgboost.params import RayParams
 from unipar.xgboost.prediction import predict
-from unipar.xgboost.tune import TuneReportCallback
+from unipar.xgboost.tune import TuneReportCallback, _try_add_tune_callback
 
 if TYPE_CHECKING:
     import xgboost as xgb
 
 log = logging.getLogger("unipar.xgboost")
+XGBOOST_VERSION = Version(importlib.metadata.version("xgboost"))  # XGBoost-Ray's name
 # Imported while the actors start (see background_import); needed from training on.
 _XGBOOST = BackgroundImport("xgboost", "xgboost.tracker")
 
 _DRAIN_CHECK_S = 1.0  # how often the driver asks Ray which nodes are draining
 
 __all__ = [  # XGBoost-Ray's ``main`` module names
+    "XGBOOST_VERSION",
+    "RayDMatrix",
     "RayParams",
     "RayXGBoostActorAvailable",
     "RayXGBoostTrainingError",
     "RayXGBoostTrainingStopped",
+    "_RemoteRayXGBoostActor",
+    "_ray_get_actor_cpus",
+    "_shutdown",
     "predict",
     "train",
 ]
@@ -100,8 +111,10 @@ def train(
     ``ray_params`` and ``additional_results`` (filled with ``total_n``,
     ``training_time_s``, ``total_time_s``, ``failures``, ``restarts``, ``num_actors`` and
     ``callback_returns``: per actor rank, what its callbacks ``put_queue``-d).
-    ``_remote`` (XGBoost-Ray's Ray Client switch) is accepted and has no effect.
-    Returns an ``xgboost.Booster``."""
+    ``feval`` (xgboost < 2's name) is taken as ``custom_metric``. ``_remote``: run this
+    call's driver part in a Ray task on this node (default: when connected through Ray
+    Client, as XGBoost-Ray). Inside a Ray Tune trial, metrics are reported to Tune (see
+    :mod:`unipar.xgboost.tune`). Returns an ``xgboost.Booster``."""
     if args:
         raise ConfigError(
             "pass train's options by keyword (evals=..., ray_params=...), as xgboost.train "
@@ -117,8 +130,17 @@ def train(
             "training needs labels, but dtrain has none; pass label=... to RayDMatrix (an "
             "array with one value per row, or the name of a label column)"
         )
+    if "feval" in kwargs:
+        if kwargs.get("custom_metric") is not None:
+            raise ConfigError("pass feval or custom_metric (its new name), not both")
+        kwargs["custom_metric"] = kwargs.pop("feval")
     if kwargs:  # checked before any actor starts
         _check_keywords(kwargs)
+    if str(params.get("tree_method", "")) == "exact":
+        raise ConfigError(
+            "tree_method='exact' does not train across actors (xgboost's exact method is "
+            "single-process); use tree_method='hist' (the default) or 'approx'"
+        )
     evals = (
         [evals]
         if isinstance(evals, tuple) and len(evals) == 2 and isinstance(evals[1], str)
@@ -127,11 +149,41 @@ def train(
     for matrix, name in evals:
         if not isinstance(matrix, RayDMatrix):
             raise ConfigError(f"evals entry {name!r} must be a RayDMatrix")
-    reporters = [c for c in callbacks or [] if isinstance(c, TuneReportCallback)]
-    callbacks = [c for c in callbacks or [] if not isinstance(c, TuneReportCallback)]
     started = time.perf_counter()
     attach_or_start_ray(before_starting=_XGBOOST.start)
+    in_trial = in_tune_trial()
+    if _remote is None:
+        _remote = ray.util.client.ray.is_connected() and not in_trial
+    if _remote:
+        return _train_in_a_task(
+            params,
+            dtrain,
+            num_boost_round,
+            evals=evals,
+            evals_result=evals_result,
+            additional_results=additional_results,
+            ray_params=ray_params,
+            xgb_model=xgb_model,
+            callbacks=callbacks,
+            **kwargs,
+        )
+    if in_trial:
+        given = {"callbacks": callbacks}
+        _try_add_tune_callback(given)
+        callbacks = given["callbacks"]
+    reporters = [c for c in callbacks or [] if isinstance(c, TuneReportCallback)]
+    callbacks = [c for c in callbacks or [] if not isinstance(c, TuneReportCallback)]
     rp, planned, current = resolve_params(ray_params, params)
+    rp.check_fault_tolerance()
+    if rp.elastic_training and in_trial:
+        raise ConfigError(
+            "elastic_training cannot run inside a Ray Tune trial: the trial's result would "
+            "depend on which actors were lost (their data sits out some rounds), so trials "
+            "would not compare fairly; use max_actor_restarts (a replacement resumes from a "
+            "checkpoint with all the data), or Tune's FailureConfig"
+        )
+    for matrix in [dtrain, *(m for m, _ in evals)]:
+        matrix.assert_enough_shards_for_actors(rp.num_actors)
     params = dict(params)
     if "nthread" not in params and "n_jobs" not in params:
         params["nthread"] = int(rp.cpus_per_actor)
@@ -151,6 +203,7 @@ def train(
         reporters,
     )
     booster = _XGBOOST.result().Booster(model_file=bytearray(outcome["model"]))
+    booster.load_config(outcome["config"])
     total = time.perf_counter() - started
     _say(rp)(
         "[RayXGBoost] Finished XGBoost training on training data with total N=%d in %.2f "
@@ -173,6 +226,47 @@ def train(
             callback_returns=outcome["callback_returns"],
         )
     return booster
+
+
+def _train_in_a_task(
+    params: dict[str, Any],
+    dtrain: RayDMatrix,
+    num_boost_round: int,
+    *,
+    evals: list[tuple[RayDMatrix, str]],
+    evals_result: dict[str, Any] | None,
+    additional_results: dict[str, Any] | None,
+    **kwargs: Any,
+) -> xgb.Booster:
+    """``train`` run by a Ray task on this node (XGBoost-Ray's ``_remote``); the matrices
+    travel with their data, the results come back into the caller's dicts."""
+    booster, result, extra = run_on_this_node(
+        _train_returning_results,
+        params,
+        dtrain.carrying_data(),
+        num_boost_round,
+        evals=[(matrix.carrying_data(), name) for matrix, name in evals],
+        **kwargs,
+    )
+    if evals_result is not None:
+        evals_result.clear()
+        evals_result.update(result)
+    if additional_results is not None:
+        additional_results.update(extra)
+    return booster
+
+
+def _train_returning_results(*args: Any, **kwargs: Any) -> tuple[Any, dict, dict]:
+    result: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    booster = train(*args, evals_result=result, additional_results=extra, _remote=False, **kwargs)
+    return booster, result, extra
+
+
+def _ray_get_actor_cpus() -> float:
+    """The CPUs Ray gave the calling actor or task (XGBoost-Ray's helper)."""
+    assigned = ray.get_runtime_context().get_assigned_resources()
+    return next((amount for name, amount in assigned.items() if name.startswith("CPU")), 1)
 
 
 def _check_keywords(kwargs: dict[str, Any]) -> None:
@@ -230,7 +324,7 @@ def _train(
         split["train"] = dtrain.shards(n, actors)
         split["evals"] = [(m, name, m.shards(n, actors)) for m, name in evals]
 
-    gang = start_gang(rp, *placement, meanwhile=shard_data)
+    gang = start_gang(rp, *placement, meanwhile=shard_data, shutdown=_shutdown)
     say(
         "[RayXGBoost] Created %d new actors (%d total actors). Waiting until actors are "
         "ready for training.",
@@ -247,7 +341,7 @@ def _train(
             return refs
 
         losses = Losses()
-        rows = load_shards(gang, sorted(gang.members), load_refs, losses)
+        load_shards(gang, sorted(gang.members), load_refs, losses)
         start: tuple[int, bytes] | None = None
         if xgb_model is not None:
             start = (xgb_model.num_boosted_rounds(), bytes(xgb_model.save_raw("ubj")))
@@ -277,6 +371,9 @@ def _train(
                 for i, actor in live.items()
             }
             results, dead = _wait(refs, gang, queue, relay)
+            # Actors whose user code called sys.exit(): lost for this attempt, as a dead
+            # one is, but their process and data stay and train again from the restart.
+            exited = sorted(i for i, r in results.items() if r.get("exited"))
             leaving = sorted(gang.leaving - set(dead))
             gang.leaving.clear()
             if leaving:  # they stopped after a round; their node goes away
@@ -285,11 +382,11 @@ def _train(
                 if tracker is not None:
                     tracker.free()
             except _XGBOOST.result().core.XGBoostError:
-                if not dead:  # the tracker only fails on its own when a worker vanished
+                if not dead and not exited:  # it fails on its own when a worker vanished
                     raise
-            if not dead and any("error" in r for r in results.values()):
+            if not dead and not exited and any("error" in r for r in results.values()):
                 raise _actor_failure(results)
-            if not dead:
+            if not dead and not exited:
                 final = next(r for r in results.values() if r["model"] is not None)
                 # Stopped before the last round on the driver's request: replacements
                 # join, drained actors leave, and training goes on. Stopped by the job's
@@ -311,8 +408,9 @@ def _train(
                 _merge(history, final["evals_result"], done_rounds - base_rounds)
                 return {
                     "model": final["model"],
+                    "config": final["config"],
                     "evals_result": history,
-                    "rows": rows,
+                    "rows": sum(gang.rows[i] for i in live),
                     "failures": losses.failures,
                     "restarts": losses.restarts,
                     "num_actors": len(live),
@@ -322,16 +420,29 @@ def _train(
             for index in dead:
                 gang.members.pop(index, None)
             start = newest_checkpoint(gang, start)
-            losses.count(dead, rp, "in training")
+            losses.count(dead + exited, rp, "in training")
             replace_actors(gang, dead + leaving, rp, load_refs, losses)
             if rp.elastic_training:
                 log.warning("lost actors %s; continuing on %d", dead, len(gang.members))
             else:
                 log.warning(
-                    "replaced actors %s; resuming from round %d", dead, start[0] if start else 0
+                    "replaced actors %s (and restarted %s, which exited); resuming from "
+                    "round %d",
+                    dead,
+                    exited,
+                    start[0] if start else 0,
                 )
     finally:
         gang.stop()
+
+
+def _shutdown(
+    actors: list[Any], pending_actors: dict[int, Any] | None = None, placement_group: Any = None
+) -> None:
+    """XGBoost-Ray's hook at the end of ``train`` and ``predict``: stops the actors (by
+    rank, None where one was lost), the replacements still loading, and removes the
+    placement group the call made."""
+    shutdown_actors(actors, pending_actors, placement_group)
 
 
 @dataclass
@@ -352,11 +463,10 @@ class _TuneRelay:
 
     def finish(self, rounds: int, evals_result: dict[str, Any], model: bytes) -> None:
         values = {f"{d}-{m}": v[-1] for d, ms in evals_result.items() for m, v in ms.items()}
-        wants_model = any(r.checkpoint_every for r in self.reporters)
-        if rounds <= self.reported and not wants_model:  # early stop at a passed-on round
-            return
         for reporter in self.reporters:
-            reporter.report(rounds, values, model if wants_model else None)
+            wants_model = reporter.wants_model(rounds, last=True)
+            if rounds > self.reported or wants_model:  # an early stop at a passed round
+                reporter.report(rounds, values, model if wants_model else None)
         self.reported = rounds
 
 
@@ -394,7 +504,8 @@ def _wait(
     runs, takes back replacements whose data finished loading (elastic training), asks
     everyone to stop after the round when an actor's node is draining, and every 0.5 s
     drains the actors' queues. Returns early when an actor raised (not a collective
-    error): its peers may wait for it in the collective."""
+    error, not sys.exit()): its peers may wait for it in the collective (an actor that
+    exits leaves the collective, and its peers' calls fail at once)."""
     streams = {i: Stream(gang.members[i], ref) for i, ref in refs.items()}
     results: dict[int, Any] = {}
     dead: list[int] = []
@@ -416,7 +527,7 @@ def _wait(
                 ) from error
             if stream.done:
                 results[i] = stream.result
-        if any("error" in r and not r["collective"] for r in results.values()):
+        if any("error" in r and not r["collective"] and not r["exited"] for r in results.values()):
             break
         admit_loaded(gang)
         if time.monotonic() >= next_drain_check and not dead:

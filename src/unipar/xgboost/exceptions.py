@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from unipar.errors import TrainingFailedError
+from unipar.errors import ConfigError, TrainingFailedError
 
 
-class RayXGBoostTrainingError(TrainingFailedError):
+class RayXGBoostTrainingError(TrainingFailedError, RuntimeError):
     """Training failed: an actor raised (the message names the actor and carries its
     traceback: ``actor_rank``, ``remote_traceback``), or actors died more often than the
-    fault-tolerance settings allow."""
+    fault-tolerance settings allow. A ``RuntimeError``, as XGBoost-Ray's."""
 
     def __init__(
         self, message: str, actor_rank: int | None = None, remote_traceback: str = ""
@@ -26,3 +26,8 @@ class RayXGBoostTrainingStopped(RuntimeError):
 class RayXGBoostActorAvailable(RuntimeError):
     """Elastic training: a replacement actor is ready (XGBoost-Ray's name; unipar takes
     replacements back without an exception, so it is not raised)."""
+
+
+class ShardingError(ConfigError, RuntimeError):
+    """The data cannot be cut into a shard per actor (too few rows, files or
+    partitions). A ``ConfigError``, and a ``RuntimeError`` as XGBoost-Ray raised it."""

@@ -34,6 +34,8 @@ from unipar.xgboost.resources import ActorResources, plan_actors, plan_in_bundle
 log = logging.getLogger("unipar.xgboost")
 
 START_TIMEOUT_S = 300.0  # an actor's constructor (placement already reserved)
+# The actor class as Ray runs it (XGBoost-Ray's name).
+_RemoteRayXGBoostActor = ray.remote(XGBoostActor)
 
 
 @dataclass
@@ -50,10 +52,21 @@ class Gang:
     pending: dict[int, Any] = field(default_factory=dict)  # replacements still loading
     loading: dict[int, list[Any]] = field(default_factory=dict)  # their load refs
     leaving: set[int] = field(default_factory=set)  # on draining nodes: go after this round
+    rows: dict[int, int] = field(default_factory=dict)  # training rows each shard holds
+    # Stops everything at the end, as shutdown_actors (the caller's hook when given).
+    shutdown: Callable[..., None] | None = None
 
     @property
     def actors(self) -> dict[int, Any]:
         return {shard: member.actor for shard, member in self.members.items()}
+
+    def by_rank(self) -> list[Any]:
+        """The live actors by data shard, None where a shard has none (XGBoost-Ray's
+        actor list)."""
+        return [
+            self.members[shard].actor if shard in self.members else None
+            for shard in range(self.params.num_actors)
+        ]
 
     def start(
         self, shards: list[int], meanwhile: Callable[[list[Any]], None] | None = None
@@ -87,7 +100,7 @@ class Gang:
         while loading is dropped (training goes on without it). Whether it joined."""
         actor = self.pending[shard]
         try:
-            ray.get(self.loading[shard])
+            self.rows[shard] = ray.get(self.loading[shard])[0]
             member = Member(actor, *ray.get(actor.describe.remote()))
         except (*PROCESS_LOST, RayTaskError) as error:
             log.warning("replacement for shard %d lost while loading: %s", shard, error)
@@ -112,17 +125,32 @@ class Gang:
         }
         if self.params.resources_per_actor:
             options["resources"] = dict(self.params.resources_per_actor)
-        return (
-            ray.remote(XGBoostActor)
-            .options(**options)
-            .remote(shard, list(self.params.distributed_callbacks or []))
+        return _RemoteRayXGBoostActor.options(**options).remote(
+            rank=shard,
+            num_actors=self.params.num_actors,
+            distributed_callbacks=list(self.params.distributed_callbacks or []),
         )
 
     def stop(self) -> None:
-        Supervisor.kill(list(self.members.values()))
-        self._kill(list(self.pending.values()))
-        if self.owned:
-            remove_placement_group(self.placement)
+        (self.shutdown or shutdown_actors)(
+            self.by_rank(),
+            pending_actors=self.pending,
+            placement_group=self.placement if self.owned else None,
+        )
+
+
+def shutdown_actors(
+    actors: list[Any],
+    pending_actors: dict[int, Any] | None = None,
+    placement_group: Any = None,
+) -> None:
+    """Stop the actors of a ``train`` or ``predict`` call: ``actors`` by rank (None
+    where one was lost), ``pending_actors`` (replacements still loading), and remove
+    their ``placement_group`` (when the call made it)."""
+    for actor in [*(a for a in actors if a is not None), *(pending_actors or {}).values()]:
+        ray.kill(actor, no_restart=True)
+    if placement_group is not None:
+        remove_placement_group(placement_group)
 
 
 def in_tune_trial() -> bool:
@@ -176,9 +204,11 @@ def start_gang(
     planned: ActorResources,
     current: Any,
     meanwhile: Callable[[list[Any]], None] | None = None,
+    shutdown: Callable[..., None] | None = None,
 ) -> Gang:
     """The gang's actors started (``meanwhile`` runs while they start up; see
-    ``Gang.start``); on any failure, what was started is stopped."""
+    ``Gang.start``); on any failure, what was started is stopped (by ``shutdown``, when
+    given, as at the end)."""
     if current is not None:
         gang = Gang(ray_params, current, owned=False, first_bundle=planned.first_bundle)
     else:
@@ -191,6 +221,8 @@ def start_gang(
             bundle, ray_params.num_actors, "actor", strategy=planned.strategy
         )
         gang = Gang(ray_params, placement, owned=True)
+    if shutdown is not None:
+        gang.shutdown = shutdown
     try:
         gang.start(list(range(ray_params.num_actors)), meanwhile)
     except BaseException:
@@ -271,14 +303,13 @@ def load_shards(
     """The members of ``shards`` read their data (their training rows in all); a member
     whose process dies while loading is replaced and its shard read again, counted in
     ``losses`` as a death in training is."""
-    rows: dict[int, int] = {}
     todo = sorted(shards)
     while todo:
         refs = {index: load_refs(index, gang.members[index].actor) for index in todo}
         dead = []
         for index, shard_refs in refs.items():
             try:
-                rows[index] = ray.get(shard_refs)[0]
+                gang.rows[index] = ray.get(shard_refs)[0]
             except PROCESS_LOST:
                 dead.append(index)
             except RayTaskError as error:
@@ -292,7 +323,7 @@ def load_shards(
             Supervisor.kill([gang.members.pop(index) for index in dead])
             gang.start(dead)
         todo = dead
-    return sum(rows.values())
+    return sum(gang.rows[index] for index in shards)
 
 
 def leave_draining(gang: Gang, training: list[Member]) -> None:

@@ -1,83 +1,105 @@
 """``RayDMatrix``: training data described once on the driver, loaded in shards by the
 actors. In-memory data goes through the object store once, already split (each actor
-pulls only its piece); files and Ray Dataset blocks are assigned to actors, which read
-only their own."""
+pulls only its piece); files, object refs, partitions and Ray Dataset blocks are
+assigned to actors, which read only their own (see :mod:`unipar.xgboost.sources`)."""
 
 from __future__ import annotations
 
-import itertools
 import os
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import numpy as np
 
 from unipar.errors import ConfigError
+from unipar.xgboost.data_sources.partitioned import Partitioned
+from unipar.xgboost.exceptions import ShardingError
+from unipar.xgboost.sharding import (
+    RayShardingMode,
+    _get_sharding_indices,
+    combine_data,
+    split_at_queries,
+    split_items,
+    split_rows,
+)
+from unipar.xgboost.sources import (
+    FIELDS,
+    RayFileType,
+    Shard,
+    SourceKind,
+    as_xgboost_ray_dict,
+    concat_dataframes,
+    default_distributed,
+    expand_paths,
+    file_columns,
+    flat,
+    gathered,
+    is_frame,
+    kind_of,
+    named_columns,
+    read_parts,
+    read_shard,
+    sort_by_query,
+    split_frame,
+)
 
 # What RayDMatrix takes as data or a field: an array, a DataFrame or Series, a path or
-# list of paths, a Ray Dataset, or a column name (XGBoost-Ray's ``Data``).
+# list of paths, object refs, partitioned data, a Ray Dataset, or a column name
+# (XGBoost-Ray's ``Data``).
 Data = Any
 
-FIELDS = ("label", "weight", "base_margin", "label_lower_bound", "label_upper_bound", "qid")
+__all__ = [  # XGBoost-Ray's ``matrix`` module names
+    "FIELDS",
+    "Data",
+    "RayDMatrix",
+    "RayDeviceQuantileDMatrix",
+    "RayFileType",
+    "RayQuantileDMatrix",
+    "RayShardingMode",
+    "_get_sharding_indices",
+    "combine_data",
+    "concat_dataframes",
+]
 
-
-class RayShardingMode(Enum):
-    INTERLEAVED = 1  # row i goes to actor i % n
-    BATCH = 2  # contiguous blocks
-    FIXED = 3  # files or dataset blocks as given, one group per actor
-
-
-class RayFileType(Enum):
-    CSV = 1
-    PARQUET = 2
-
-
-@dataclass(frozen=True)
-class Shard:
-    """What one actor loads: object refs of its rows (``pieces``, with ``indices`` of
-    those rows in the whole), or files to read, or a dataset split."""
-
-    pieces: Any = None  # ObjectRef of {"data": ..., field: ...}
-    indices: slice | None = None  # the rows of the whole, for putting predictions back
-    files: tuple[str, ...] = ()
-    file_indices: tuple[int, ...] = ()  # positions of ``files`` in the matrix's list
-    dataset: Any = None
-
-
-def _is_frame(data: Any) -> bool:
-    return type(data).__module__.startswith("pandas") and hasattr(data, "columns")
-
-
-def _is_ray_dataset(data: Any) -> bool:
-    return type(data).__module__.startswith("ray.data")
+_PART_NAMES = {
+    SourceKind.FILES: "files",
+    SourceKind.OBJECT_REFS: "object refs",
+    SourceKind.PARTITIONED: "partitions",
+}
 
 
 class RayDMatrix:
     """Data for :func:`unipar.xgboost.train` and :func:`unipar.xgboost.predict`.
 
-    ``data``: a numpy array, a pandas DataFrame, a CSV or Parquet path or list of paths, or
-    a Ray Dataset. ``label``, ``weight``, ``base_margin``, ``qid`` and the label bounds are
-    arrays, or column names when ``data`` has columns; ``feature_weights``: one weight per
-    feature (for column sampling). ``num_actors``, ``distributed`` and
-    ``lazy`` are accepted for compatibility with XGBoost-Ray and have no effect: the shards
-    follow ``ray_params.num_actors`` and are always made when training starts.
+    ``data``: a numpy array, a pandas DataFrame, a CSV or Parquet path, list of paths or
+    folder, a list of Ray ``ObjectRef`` of DataFrames, an object with
+    ``__partitioned__``, or a Ray Dataset. ``label`` (a column name, a list of names for
+    several targets, or an array), ``weight``, ``base_margin``, ``qid`` and the label
+    bounds are arrays, or column names when ``data`` has columns; rows are sorted by
+    ``qid`` when they are not. ``feature_weights``: one weight per feature (for column
+    sampling). ``distributed``: each actor reads its own parts (files, refs, partitions)
+    instead of the driver reading all and splitting the rows; by default as XGBoost-Ray
+    chose (see :func:`unipar.xgboost.sources.default_distributed`). ``num_actors``: when
+    given (and not ``lazy``), the shard count is checked here. Other keyword arguments go
+    to ``pandas.read_csv`` / ``read_parquet`` (``columns=[...]``, say).
     """
+
+    quantile = False  # build xgboost's QuantileDMatrix in the actors
 
     def __init__(
         self,
-        data: Any,
-        label: Any = None,
-        weight: Any = None,
-        base_margin: Any = None,
+        data: Data,
+        label: Data = None,
+        weight: Data = None,
+        feature_weights: Data = None,
+        base_margin: Data = None,
         missing: float | None = None,
-        label_lower_bound: Any = None,
-        label_upper_bound: Any = None,
+        label_lower_bound: Data = None,
+        label_upper_bound: Data = None,
         feature_names: Sequence[str] | None = None,
         feature_types: Sequence[str] | None = None,
-        qid: Any = None,
-        feature_weights: Any = None,
+        qid: Data = None,
         enable_categorical: bool | None = None,
         num_actors: int | None = None,
         filetype: RayFileType | None = None,
@@ -87,6 +109,12 @@ class RayDMatrix:
         lazy: bool = False,
         **kwargs: Any,
     ) -> None:
+        if kwargs.get("group") is not None:
+            raise ConfigError(
+                "RayDMatrix takes no group= (sizes of query groups); pass qid=... instead: "
+                "the query id of each row"
+            )
+        self._uid = uuid.uuid4().int
         self.fields = {
             "label": label,
             "weight": weight,
@@ -102,39 +130,63 @@ class RayDMatrix:
         self.enable_categorical = enable_categorical
         self.num_actors = num_actors
         self.ignore = list(ignore or [])
-        self.sharding = sharding
-        self.kwargs = kwargs
+        self.read_options = {k: v for k, v in kwargs.items() if k != "group"}
         self._shards: dict[int, list[Shard]] = {}
-        self.files: tuple[str, ...] = ()
-        self.dataset = None
-        if isinstance(data, (str, os.PathLike)) or (
-            isinstance(data, (list, tuple)) and data and isinstance(data[0], (str, os.PathLike))
+        self.row_order: np.ndarray | None = None  # rows sorted by qid: their old positions
+        self.kind = kind_of(data)
+        self.filetype: RayFileType | None = None
+        self.parts: tuple[Any, ...] = ()
+        self.dataset = self.data = self._layout = self.get_parts = None
+        if distributed is None:
+            distributed = default_distributed(data, self.kind)
+        elif distributed and self.kind is SourceKind.IN_MEMORY:
+            raise ConfigError(
+                f"distributed=True needs data that actors can read on their own (files, "
+                f"object refs, partitions, a Ray Dataset), but got {type(data).__name__}; "
+                "pass distributed=False, or the data as files"
+            )
+        elif (
+            distributed
+            and self.kind is SourceKind.FILES
+            and isinstance(data, str)
+            and not data.endswith(".parquet")
+            and not os.path.isdir(data.removeprefix("file://"))
         ):
-            paths = [data] if isinstance(data, (str, os.PathLike)) else list(data)
-            self.files = tuple(str(p) for p in paths)
-            self.filetype = filetype or _filetype(self.files[0])
-            self._check_files()
-            self.data = None
-        elif _is_ray_dataset(data):
+            raise ConfigError(
+                f"distributed=True needs several files (one file cannot be split between "
+                f"actors that read whole files), but got the single file {data}; pass "
+                "distributed=False, or a list of files"
+            )
+        self.distributed = bool(distributed)
+        self.sharding = RayShardingMode.FIXED if self.kind is SourceKind.PARTITIONED else sharding
+        if self.kind is SourceKind.FILES:
+            paths, self.filetype = expand_paths(data, filetype)
+            self.parts = tuple(paths)
+        elif self.kind is SourceKind.OBJECT_REFS:
+            self.parts = tuple(data) if isinstance(data, (list, tuple)) else (data,)
+        elif self.kind is SourceKind.PARTITIONED:
+            self._layout = data.__partitioned__
+            self.get_parts = self._layout["get"]
+            self.parts = tuple(p["data"] for p in Partitioned.row_partitions(self._layout))
+        elif self.kind is SourceKind.RAY_DATASET:
             self.dataset = data
-            self.filetype = None
-            self.data = None
-            self._check_columns(list(data.schema().names))
         else:
-            self.filetype = None
-            self.data = self._in_memory(data)
+            self.data = self._in_memory(gathered(data))
+        if num_actors is not None and not lazy:
+            self.assert_enough_shards_for_actors(num_actors)
+        if self.kind is SourceKind.FILES:
+            self._check_files()
+        elif self.kind is SourceKind.RAY_DATASET:
+            self._check_columns(list(data.schema().names))
 
     # -- checks on the driver ------------------------------------------------------
     def _in_memory(self, data: Any) -> dict[str, Any]:
-        if _is_frame(data):
+        if is_frame(data):
             self._check_columns(list(data.columns))
-            frame = data.drop(columns=[c for c in self.ignore if c in data.columns])
-            named = {k: v for k, v in self.fields.items() if isinstance(v, str)}
-            values = {k: frame[v].to_numpy() for k, v in named.items()}
-            frame = frame.drop(columns=list(named.values()))
+            parts = split_frame(data, self.fields, self.ignore)
             if self.feature_names is None:
-                self.feature_names = [str(c) for c in frame.columns]
-            matrix: Any = frame
+                self.feature_names = [str(c) for c in parts["data"].columns]
+            matrix: Any = parts["data"]
         else:
             matrix = np.asarray(data)
             if matrix.ndim != 2:
@@ -142,13 +194,12 @@ class RayDMatrix:
                     f"RayDMatrix data must be 2-dimensional (rows x features), but got shape "
                     f"{matrix.shape}; reshape it, e.g. data.reshape(-1, 1)"
                 )
-            values = {}
-            for name, value in self.fields.items():
-                if isinstance(value, str):
-                    raise ConfigError(
-                        f"{name}={value!r} names a column, but the data is a numpy array "
-                        "without columns; pass the values as an array instead"
-                    )
+            parts = {"data": matrix}
+            for name, value in named_columns(self.fields).items():
+                raise ConfigError(
+                    f"{name}={value!r} names a column, but the data is a numpy array "
+                    "without columns; pass the values as an array instead"
+                )
         rows = len(matrix)
         weights = self.feature_weights
         if weights is not None and len(weights) != matrix.shape[1]:
@@ -157,35 +208,30 @@ class RayDMatrix:
                 f"{matrix.shape[1]} features and feature_weights has {len(weights)}"
             )
         for name, value in self.fields.items():
-            if value is None or isinstance(value, str):
+            if value is None or name in parts:
                 continue
-            array = np.asarray(value)
+            array = flat(np.asarray(gathered(value)))
             if len(array) != rows:
                 raise ConfigError(
                     f"{name} must have one value per row, but the data has {rows} rows and "
                     f"{name} has {len(array)}; pass a {name} of length {rows}"
                 )
-            values[name] = array
-        return {"data": matrix, **values}
+            parts[name] = array
+        self.row_order = sort_by_query(parts)
+        return parts
 
     def _check_columns(self, columns: list[str]) -> None:
-        for name, value in self.fields.items():
-            if isinstance(value, str) and value not in columns:
-                raise ConfigError(
-                    f"{name} column {value!r} is not in the data; its columns are {columns}"
-                )
+        for name, value in named_columns(self.fields).items():
+            for column in [value] if isinstance(value, str) else value:
+                if column not in columns:
+                    raise ConfigError(
+                        f"{name} column {column!r} is not in the data; its columns are {columns}"
+                    )
 
     def _check_files(self) -> None:
-        import pandas as pd  # noqa: PLC0415 (heavy: pandas)
-
-        for path in self.files:
+        for path in self.parts:
             try:
-                if self.filetype is RayFileType.PARQUET:
-                    import pyarrow.parquet as pq  # noqa: PLC0415 (heavy: pyarrow)
-
-                    columns = list(pq.read_schema(path).names)
-                else:
-                    columns = list(pd.read_csv(path, nrows=1).columns)
+                columns = file_columns(path, self.filetype, self.read_options)
             except Exception as error:
                 raise ConfigError(
                     f"cannot read {self.filetype.name if self.filetype else ''} file {path} "
@@ -193,24 +239,64 @@ class RayDMatrix:
                 ) from error
             self._check_columns(columns)
 
+    def carrying_data(self) -> RayDMatrix:
+        """A copy that travels with its data (to a task that runs ``train`` for the
+        caller: ``_remote``); a matrix sent to actors leaves its data behind."""
+        carried = object.__new__(type(self))  # not copy.copy: that pickles, leaving data
+        carried.__dict__.update(self.__dict__, _carry_data=True)
+        return carried
+
     def __getstate__(self) -> dict[str, Any]:
         """What actors need: how to read and build a shard, not the data itself (the
         shards travel through the object store, once)."""
         state = dict(self.__dict__)
-        state["data"] = None
-        state["_shards"] = {}
-        state["dataset"] = None
-        state["fields"] = {k: (v if isinstance(v, str) else None) for k, v in self.fields.items()}
+        if state.pop("_carry_data", False):
+            state["_shards"] = {}
+            return state
+        state.update(data=None, _shards={}, dataset=None, _layout=None)
+        state["fields"] = {
+            k: v if k in named_columns(self.fields) else None for k, v in self.fields.items()
+        }
         return state
+
+    def __eq__(self, other: object) -> bool:
+        """The same matrix, also after a trip through Ray (XGBoost-Ray's identity)."""
+        return isinstance(other, RayDMatrix) and other._uid == self._uid
+
+    def __hash__(self) -> int:
+        return self._uid
 
     @property
     def has_label(self) -> bool:
         return self.fields["label"] is not None
 
     # -- sharding ------------------------------------------------------------------
+    def assert_enough_shards_for_actors(self, num_actors: int) -> None:
+        """Every actor must get data: a part (file, object ref, partition) each when they
+        read parts, a row each otherwise (a Ray Dataset is cut to fit)."""
+        if self.kind is SourceKind.RAY_DATASET:
+            return
+        if self.distributed or self.data is None:
+            count, unit = len(self.parts), _PART_NAMES[self.kind]
+            if not self.distributed:
+                return  # read centrally later: rows are counted then
+        else:
+            count, unit = len(self.data["data"]), "rows"
+        if count < num_actors:
+            fix = (
+                "use distributed=False to split rows instead"
+                if self.distributed and self.kind is not SourceKind.PARTITIONED
+                else f"split the data into at least {num_actors} {unit}"
+            )
+            raise ShardingError(
+                f"{count} {unit} cannot feed {num_actors} actors (each actor needs at least "
+                f"one); use at most {count} actors, or {fix}"
+            )
+
     def shards(self, num_actors: int, actors: Sequence[Any] | None = None) -> list[Shard]:
         """One :class:`Shard` per actor (computed once per actor count). With the
-        ``actors`` given, Ray Dataset blocks go preferably to actors on their node."""
+        ``actors`` given, Ray Dataset blocks and partitions go preferably to actors on
+        their node."""
         if num_actors not in self._shards:
             self._shards[num_actors] = self._make_shards(num_actors, actors)
         return self._shards[num_actors]
@@ -218,108 +304,89 @@ class RayDMatrix:
     def _make_shards(self, n: int, actors: Sequence[Any] | None) -> list[Shard]:
         import ray  # noqa: PLC0415 (heavy: Ray)
 
-        if self.files:
-            if len(self.files) < n:
-                raise ConfigError(
-                    f"{len(self.files)} files cannot feed {n} actors (each actor reads whole "
-                    f"files); use at most {len(self.files)} actors or split the files"
-                )
-            groups = _split(list(range(len(self.files))), n, self.sharding)
-            return [
-                Shard(files=tuple(self.files[i] for i in group), file_indices=tuple(group))
-                for group in groups
-            ]
-        if self.dataset is not None:
+        hints = list(actors) if actors is not None and len(actors) == n else None
+        if self.kind is SourceKind.RAY_DATASET:
             # One block per actor, then split by blocks: every row trains (split's
             # equal=True would drop rows to even out the parts).
-            hints = list(actors) if actors is not None and len(actors) == n else None
             parts = self.dataset.repartition(n).split(n, equal=False, locality_hints=hints)
             return [Shard(dataset=part) for part in parts]
+        if self.distributed:
+            positions = list(range(len(self.parts)))
+            if self.kind is SourceKind.PARTITIONED and hints is not None:
+                by_rank = Partitioned.positions_by_actor(self._layout, hints)
+                groups = [by_rank[rank] for rank in range(n)]
+            else:  # fixed partitions without actors to place them near: in order
+                mode = self.sharding
+                if mode is RayShardingMode.FIXED:
+                    mode = RayShardingMode.BATCH
+                groups = split_items(positions, n, mode)
+            return [
+                Shard(parts=tuple(self.parts[i] for i in group), part_indices=tuple(group))
+                for group in groups
+            ]
+        if self.data is None:  # parts read centrally, on the driver
+            frame, _ = read_parts(self.kind, self.parts, self)
+            self.data = self._in_memory(frame)
+        self.assert_enough_shards_for_actors(n)
         rows = len(self.data["data"])
-        if rows < n:
-            raise ConfigError(f"{rows} rows cannot be split over {n} actors; use fewer actors")
         if "qid" in self.data:
-            groups = _split_at_queries(np.asarray(self.data["qid"]), n)
+            groups = split_at_queries(np.asarray(self.data["qid"]), n)
         else:
-            groups = _split_rows(rows, n, self.sharding)
+            groups = split_rows(rows, n, self.sharding)
         # Slices, not index arrays: a piece is a view of the data, copied once, into the
         # object store (one actor: the whole array, as it is), and read there zero-copy.
         shards = []
         for rows_slice in groups:
             piece = {key: _take(value, rows_slice) for key, value in self.data.items()}
-            shards.append(Shard(pieces=ray.put(piece), indices=rows_slice))
+            shards.append(Shard(rows=ray.put(piece), indices=rows_slice))
         return shards
 
+    # -- XGBoost-Ray's loading API -------------------------------------------------
+    def load_data(self, num_actors: int | None = None, rank: int | None = None) -> None:
+        """Make the shards for ``num_actors`` actors (in-memory rows go to the object
+        store); ``train`` and ``predict`` do this themselves."""
+        self.shards(self._actor_count(num_actors))
+
+    def get_data(self, rank: int, num_actors: int | None = None) -> dict[str, Any]:
+        """The shard of actor ``rank`` as XGBoost-Ray returns it: pandas objects under the
+        names of ``xgboost.DMatrix``'s arguments (``data``, ``label``, ``qid``, ...; None
+        where absent), read here."""
+        shard = self.shards(self._actor_count(num_actors))[rank]
+        return as_xgboost_ray_dict(read_shard(self, shard), self.feature_weights)
+
+    def unload_data(self) -> None:
+        """Forget the shards (the object store frees in-memory pieces)."""
+        self._shards.clear()
+
+    def _actor_count(self, num_actors: int | None) -> int:
+        count = num_actors if num_actors is not None else self.num_actors
+        if count is None:
+            raise ConfigError(
+                "the number of actors is unknown: pass num_actors=... to RayDMatrix or to "
+                "load_data()/get_data()"
+            )
+        return count
+
     def __repr__(self) -> str:
-        source = (
-            f"{len(self.files)} files"
-            if self.files
-            else ("Ray Dataset" if self.dataset is not None else f"{len(self.data['data'])} rows")
-        )
+        if self.kind is SourceKind.IN_MEMORY:
+            source = f"{len(self.data['data'])} rows"
+        elif self.kind is SourceKind.RAY_DATASET:
+            source = "Ray Dataset"
+        else:
+            source = f"{len(self.parts)} {_PART_NAMES[self.kind]}"
         return f"RayDMatrix({source}, sharding={self.sharding.name})"
 
 
-class RayDeviceQuantileDMatrix(RayDMatrix):
+class RayQuantileDMatrix(RayDMatrix):
     """Same data, loaded as xgboost's ``QuantileDMatrix`` (pre-binned; less memory)."""
 
     quantile = True
 
 
+class RayDeviceQuantileDMatrix(RayQuantileDMatrix):
+    """XGBoost-Ray's name for the GPU variant; xgboost's ``QuantileDMatrix`` serves CPU
+    and GPU alike."""
+
+
 def _take(value: Any, rows: slice) -> Any:
-    return value.iloc[rows] if _is_frame(value) else value[rows]
-
-
-def _split_rows(rows: int, n: int, mode: RayShardingMode) -> list[slice]:
-    if mode is RayShardingMode.INTERLEAVED:
-        return [slice(i, rows, n) for i in range(n)]
-    bounds = np.cumsum([0, *[len(p) for p in np.array_split(np.arange(rows), n)]])
-    return [slice(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
-
-
-def _split(items: list[int], n: int, mode: RayShardingMode) -> list[list[int]]:
-    if mode is RayShardingMode.INTERLEAVED:
-        return [items[i::n] for i in range(n)]
-    return [list(part) for part in np.array_split(np.asarray(items), n)]
-
-
-def _split_at_queries(qid: np.ndarray, n: int) -> list[slice]:
-    """Contiguous shards cut only where the query id changes, so that every query's rows
-    stay on one actor (ranking objectives compare rows within a query)."""
-    if np.any(np.diff(qid) < 0):
-        raise ConfigError("rows must be sorted by qid for distributed ranking; sort them first")
-    starts = np.flatnonzero(np.diff(qid)) + 1  # where a new query begins
-    if len(starts) + 1 < n:
-        raise ConfigError(f"{len(starts) + 1} queries cannot be split over {n} actors")
-    # Each cut: the query start nearest its even share, after the previous cut and with
-    # a start left for every later one (n shards, none empty, however uneven the queries).
-    ideal = [round(len(qid) * k / n) for k in range(1, n)]
-    cuts, low = [], 0
-    for k, point in enumerate(ideal):
-        high = len(starts) - (len(ideal) - k)
-        i = low + int(np.abs(starts[low : high + 1] - point).argmin())
-        cuts.append(int(starts[i]))
-        low = i + 1
-    bounds = [0, *cuts, len(qid)]
-    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
-
-
-def _filetype(path: str) -> RayFileType:
-    if path.endswith((".parquet", ".pq")):
-        return RayFileType.PARQUET
-    if path.endswith((".csv", ".csv.gz", ".txt")):
-        return RayFileType.CSV
-    raise ConfigError(
-        f"cannot tell the file type of {path}; pass filetype=RayFileType.CSV or PARQUET"
-    )
-
-
-def combine_data(sharding: RayShardingMode, data: Sequence[Any]) -> Any:
-    """Put per-actor results back into one array in the original row order."""
-    parts = [np.asarray(d) for d in data]
-    if sharding is RayShardingMode.INTERLEAVED:
-        total = sum(len(p) for p in parts)
-        out = np.empty((total, *parts[0].shape[1:]), dtype=parts[0].dtype)
-        for i, part in enumerate(parts):
-            out[i :: len(parts)] = part
-        return out
-    return np.concatenate(parts)
+    return value.iloc[rows] if is_frame(value) else value[rows]

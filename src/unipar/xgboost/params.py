@@ -50,15 +50,20 @@ class RayParams:
             raise ConfigError(
                 f"checkpoint_frequency must be >= 1, but got {self.checkpoint_frequency}"
             )
-        if self.elastic_training and self.max_failed_actors < 1:
-            raise ConfigError(
-                "elastic_training needs max_failed_actors >= 1 (how many actors may be lost), "
-                f"but got max_failed_actors={self.max_failed_actors}"
-            )
         if self.max_actor_restarts < -1 or self.max_failed_actors < 0:
             raise ConfigError(
                 "max_actor_restarts must be >= -1 (-1: no limit) and max_failed_actors >= 0, "
                 f"but got {self.max_actor_restarts} and {self.max_failed_actors}"
+            )
+
+    def check_fault_tolerance(self) -> None:
+        """Elastic training needs ``max_failed_actors >= 1``; checked when training starts
+        (XGBoost-Ray accepts the combination until then, e.g. to build the parameters of a
+        Tune trial that refuses elastic training)."""
+        if self.elastic_training and self.max_failed_actors < 1:
+            raise ConfigError(
+                "elastic_training needs max_failed_actors >= 1 (how many actors may be lost), "
+                f"but got max_failed_actors={self.max_failed_actors}"
             )
 
     def get_tune_resources(self) -> Any:

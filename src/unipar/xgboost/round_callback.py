@@ -8,8 +8,10 @@ import xgboost as xgb
 
 
 class RoundCallback(xgb.callback.TrainingCallback):
-    """Keeps the actor's checkpoint every ``every`` rounds; with ``report``, also records each
-    round's (global) metrics, and the model every ``report_models`` rounds."""
+    """Keeps the actor's checkpoint every ``every`` rounds, from the first round on
+    (rounds 1, 1 + every, ...: XGBoost-Ray's schedule, so a restart redoes the rounds it
+    did); with ``report``, also records each round's (global) metrics, and the model
+    every ``report_models`` rounds."""
 
     def __init__(
         self, actor: Any, every: int, offset: int, report: bool, report_models: int
@@ -19,7 +21,7 @@ class RoundCallback(xgb.callback.TrainingCallback):
 
     def after_iteration(self, model: xgb.Booster, epoch: int, evals_log: Any) -> bool:
         done = self.offset + epoch + 1
-        if done % self.every == 0:
+        if (done - 1) % self.every == 0:
             self.actor.keep_checkpoint(done, model)
         if self.report:
             values = {
