@@ -11,8 +11,9 @@ published Sia and our rendering, per workload; on 64 T4 (Philly) against Sia's p
 1.9 h; and the time of one scheduling round (960 jobs on the 64 GPUs; 15,360 jobs on the
 16x cluster), alternating policies over three repeats.
 
-Simulations are deterministic (no randomness anywhere), so each runs once; the spread shown
-is over workloads. Each run is written to --out as JSON; --resume reuses those files.
+Simulations are deterministic (no randomness; only Sia's HiGHS round has a 30 s wall-clock
+limit, which a busy machine can reach on very long queues), so each runs once; the spread
+shown is over workloads. Each run is written to --out as JSON; --resume reuses those files.
 
     python benchmarks/sched_vs_sia.py [--reference DIR] [--quick] [--processes 2]
 """

@@ -1,6 +1,6 @@
 """Clusters of several GPU types: the typed model, Sia's traces, the simulator, the policies
 (unipar's, and our renderings of Sia and of Pollux as Sia ran it), `unipar simulate
---cluster` and bad input. About 30 s on 2 cores, most of it three short simulations."""
+--cluster` and bad input. About 8 s of CPU (2 cores), most of it three short simulations."""
 
 from __future__ import annotations
 
