@@ -6,15 +6,24 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+
 from unipar.errors import ConfigError
 from unipar.sched.autoscale import ScaleConfig, ScaleRule
 from unipar.sched.bound import CostFloor
 from unipar.sched.cluster import Cluster
 from unipar.sched.fleet import FixedFleet, make_fleet
 from unipar.sched.plot import write_png
-from unipar.sched.policies import PolicyName, make_policy
+from unipar.sched.policies import PolicyName, TypedPolicyName, make_policy, make_typed_policy
 from unipar.sched.simulator import SimConfig, simulate
 from unipar.sched.traces import default_reference_dir, load_applications
+from unipar.sched.typed_cluster import load_cluster
+from unipar.sched.typed_simulator import TypedSimConfig, simulate_typed
+from unipar.sched.typed_traces import (
+    check_traced,
+    default_sia_reference_dir,
+    load_typed_applications,
+)
 from unipar.sched.workload import read_workload
 
 
@@ -24,14 +33,21 @@ def add_simulate_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("workload", type=Path, help="CSV: name,time,application,"
                         "num_replicas,batch_size[,user,deadline]")
-    parser.add_argument("--policy", default="unipar", choices=[p.value for p in PolicyName])
-    parser.add_argument("--nodes", type=int, default=16)
-    parser.add_argument("--gpus-per-node", type=int, default=4)
+    names = dict.fromkeys([p.value for p in PolicyName] + [p.value for p in TypedPolicyName])
+    parser.add_argument("--policy", default="unipar", choices=list(names))
+    parser.add_argument("--cluster", default=None, metavar="NODESxTYPE+...|FILE",
+                        help="nodes of several GPU types, e.g. 6xaws+2xdgx-ext+3xrtx, or a "
+                        "CSV file type,nodes[,gpus_per_node,memory_gib,...] (Sia's traces); "
+                        "policies unipar, sia, pollux")
+    parser.add_argument("--nodes", type=int, default=None, help="one GPU type: nodes (16)")
+    parser.add_argument("--gpus-per-node", type=int, default=None,
+                        help="one GPU type: GPUs per node (4)")
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between rounds")
-    parser.add_argument("--restart", type=float, default=30.0, help="seconds per restart")
+    parser.add_argument("--restart", type=float, default=None,
+                        help="seconds per restart (30; with --cluster each application's own)")
     parser.add_argument("--reference", type=Path, default=None,
-                        help="Pollux reference data folder (default: ../shared/reference/"
-                        "pollux next to the repository)")
+                        help="reference data folder (default: ../shared/reference/pollux "
+                        "next to the repository; with --cluster ../shared/reference/sia)")
     parser.add_argument("--out", type=Path, default=Path("sim-out"),
                         help="folder for jobs.json and sim.png")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -79,10 +95,79 @@ def _against_fixed(specs, apps, name: PolicyName, fleet, config, scaled) -> str:
     )
 
 
+def _check_typed_args(args: argparse.Namespace) -> None:
+    if args.cluster is None:
+        if args.policy == TypedPolicyName.SIA.value:
+            raise ConfigError(
+                "--policy sia schedules several GPU types: give the cluster with --cluster "
+                "(e.g. --cluster 6xaws+2xdgx-ext+3xrtx)"
+            )
+        return
+    if args.policy not in {p.value for p in TypedPolicyName}:
+        raise ConfigError(
+            f"--policy {args.policy} knows one GPU type; with --cluster use one of "
+            f"{', '.join(p.value for p in TypedPolicyName)}"
+        )
+    given = [f for f, v in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node),
+                            ("--restart", args.restart), ("--autoscale", args.autoscale),
+                            ("--quota", args.quota)) if v is not None]
+    if args.spot:
+        given.append("--spot")
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} apply to a one-type cluster, not with --cluster (its node "
+            "counts are in the cluster, restart times per application in the traces); drop them"
+        )
+
+
+def _summary_line(summary: dict) -> str:
+    return (
+        f"{summary['policy']}: {summary['jobs']} jobs  avg JCT {summary['avg_jct_s']:.0f} s  "
+        f"p99 JCT {summary['p99_jct_s']:.0f} s  makespan {summary['makespan_s']:.0f} s  "
+        f"GPU utilisation {summary['gpu_utilisation']:.1%}  cost {summary['cost']:.1f}  "
+        f"restarts {summary['restarts']}  preemptions {summary['preemptions']}"
+    )
+
+
+def _write(result, args: argparse.Namespace, *, then: str | None = None) -> None:
+    """Write the run's jobs.json (and sim.png), print ``then`` (a line that follows the
+    run), the files written and the summary as JSON."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    result.write_json(args.out / "jobs.json")
+    written = [args.out / "jobs.json"]
+    if not args.no_plot:
+        write_png(result, args.out / "sim.png")
+        written.append(args.out / "sim.png")
+    if then is not None:
+        print(then)
+    print("wrote " + ", ".join(map(str, written)))
+    print(json.dumps(result.summary()))
+
+
+def _run_typed(args: argparse.Namespace) -> int:
+    cluster = load_cluster(args.cluster)
+    apps = load_typed_applications(args.reference or default_sia_reference_dir())
+    specs = read_workload(args.workload, apps)
+    check_traced(specs, apps, cluster.type_names, args.workload)
+    policy = make_typed_policy(TypedPolicyName(args.policy))
+    run = simulate_typed(specs, apps, policy, cluster, TypedSimConfig(interval=args.interval))
+    print(f"cluster {cluster.describe()} ({cluster.total_gpus} GPUs)")
+    print(_summary_line(run.result.summary()))
+    hours = ", ".join(f"{t} {s / 3600:.1f}" for t, s in run.gpu_seconds_by_type.items())
+    print(f"GPU-hours by type: {hours}; per job {run.result.gpu_seconds / 3600 / len(specs):.2f}"
+          f"; moves between types {run.migrations}; policy round median "
+          f"{float(np.median(run.round_seconds)) * 1e3:.1f} ms")
+    _write(run.result, args)
+    return 0
+
+
 def run_simulate(args: argparse.Namespace) -> int:
+    _check_typed_args(args)
+    if args.cluster is not None:
+        return _run_typed(args)
     reference = args.reference or default_reference_dir()
     apps = load_applications(reference)
-    cluster = Cluster.uniform(args.nodes, args.gpus_per_node)
+    cluster = Cluster.uniform(args.nodes or 16, args.gpus_per_node or 4)
     scale = ScaleConfig(ScaleRule(args.scale_rule))
     fleet = make_fleet(cluster, args.autoscale, args.spot, args.seed, scale)
     policy = make_policy(PolicyName(args.policy))
@@ -90,23 +175,12 @@ def run_simulate(args: argparse.Namespace) -> int:
     # adaptive policy runs it on what there is
     limit = None if policy.adaptive_batch else fleet.max_gpus
     specs = read_workload(args.workload, apps, max_gpus=limit)
-    config = SimConfig(interval=args.interval, restart=args.restart, gpu_quota=_quota(args.quota))
+    config = SimConfig(interval=args.interval, restart=30.0 if args.restart is None
+                       else args.restart, gpu_quota=_quota(args.quota))
     result = simulate(specs, apps, policy, cluster, config, fleet)
-    summary = result.summary()
-    print(
-        f"{summary['policy']}: {summary['jobs']} jobs  avg JCT {summary['avg_jct_s']:.0f} s  "
-        f"p99 JCT {summary['p99_jct_s']:.0f} s  makespan {summary['makespan_s']:.0f} s  "
-        f"GPU utilisation {summary['gpu_utilisation']:.1%}  cost {summary['cost']:.1f}  "
-        f"restarts {summary['restarts']}  preemptions {summary['preemptions']}"
-    )
-    args.out.mkdir(parents=True, exist_ok=True)
-    result.write_json(args.out / "jobs.json")
-    written = [args.out / "jobs.json"]
-    if not args.no_plot:
-        write_png(result, args.out / "sim.png")
-        written.append(args.out / "sim.png")
+    print(_summary_line(result.summary()))
+    against = None
     if args.autoscale:
-        print(_against_fixed(specs, apps, PolicyName(args.policy), fleet, config, result))
-    print("wrote " + ", ".join(map(str, written)))
-    print(json.dumps(summary))
+        against = _against_fixed(specs, apps, PolicyName(args.policy), fleet, config, result)
+    _write(result, args, then=against)
     return 0

@@ -69,6 +69,7 @@ class JobView:
     # Oracle for baselines defined with one (Optimus+Oracle); other policies ignore it:
     # exact progress/s of the requested batch on 1.. GPUs (fewest nodes)
     oracle_rate: np.ndarray | None = None
+    max_replicas: int = 0  # the most GPUs the job may be given (0: no limit)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def default_reference_dir() -> Path:
     return repo.parent / "shared" / "reference" / "pollux"
 
 
-def _read_rows(path: Path) -> list[dict[str, str]]:
+def read_rows(path: Path) -> list[dict[str, str]]:
     with path.open(newline="") as f:
         return list(csv.DictReader(f))
 
@@ -50,7 +50,8 @@ class StepTable:
         )
 
 
-def _tables(rows: list[dict[str, str]], key) -> dict:
+def step_tables(rows: list[dict[str, str]], key) -> dict:
+    """Rows grouped by ``key(row)``, each group a :class:`StepTable` sorted by batch."""
     groups: dict = {}
     for row in rows:
         groups.setdefault(key(row), []).append(
@@ -135,22 +136,29 @@ class Application:
         return (var + sqr) / (var / scale + sqr)
 
 
+def read_validations(directory: Path) -> tuple[Validation, ...]:
+    """Every ``validation-<B>.csv`` of an application, by total batch B."""
+    validations = []
+    for path in sorted(directory.glob("validation-*.csv")):
+        rows = read_rows(path)
+        arr = np.array([[float(r[k]) for k in ("progress", "grad_sqr", "grad_var")] for r in rows])
+        batch = int(path.stem.split("-")[1])
+        validations.append(Validation(batch, arr[:, 0], arr[:, 1], arr[:, 2]))
+    if not validations:
+        raise ConfigError(f"no validation-<BATCH>.csv files in {directory}")
+    return tuple(sorted(validations, key=lambda v: v.batch))
+
+
 def load_application(directory: Path) -> Application:
     name = directory.name
     if name not in EPOCHS:
         raise ConfigError(f"no epoch count known for application {name!r} in {directory}")
-    placements = _tables(_read_rows(directory / "placements.csv"), lambda r: r["placement"])
-    scalability = _tables(
-        _read_rows(directory / "scalability.csv"),
+    placements = step_tables(read_rows(directory / "placements.csv"), lambda r: r["placement"])
+    scalability = step_tables(
+        read_rows(directory / "scalability.csv"),
         lambda r: (int(r["num_nodes"]), int(r["num_replicas"])),
     )
-    validations = []
-    for path in sorted(directory.glob("validation-*.csv")):
-        rows = _read_rows(path)
-        arr = np.array([[float(r[k]) for k in ("progress", "grad_sqr", "grad_var")] for r in rows])
-        batch = int(path.stem.split("-")[1])
-        validations.append(Validation(batch, arr[:, 0], arr[:, 1], arr[:, 2]))
-    validations.sort(key=lambda v: v.batch)
+    validations = read_validations(directory)
     first = validations[0]
     per_epoch = float(first.progress[-1] / len(first.progress))
     all_bsz = np.concatenate([t.local_bsz for t in placements.values()])
@@ -165,7 +173,7 @@ def load_application(directory: Path) -> Application:
         min_local_bsz=int(all_bsz.min()),
         placements=placements,
         scalability=scalability,
-        validations=tuple(validations),
+        validations=validations,
     )
 
 

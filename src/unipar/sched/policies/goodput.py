@@ -9,7 +9,7 @@ p < 0, with weights w_j = 1 unless ``remaining_power`` weights jobs by their pre
 remaining time (declared length over fitted goodput) to favour the shorter. A job may use at
 most ``explore`` times the most GPUs it (or, with ``share_models``, any job of its
 application) has run on (Pollux §4.1: its model is untested beyond that), and always as
-many as it holds.
+many as it holds, and never more than the job's own limit (``JobView.max_replicas``).
 
 The search is the greedy of ``greedy.py`` (exact for concave speedups, milliseconds for
 hundreds of jobs) rather than Pollux's genetic algorithm. Restarts: Pollux's reallocation
@@ -71,7 +71,7 @@ class GoodputPolicy(Policy):
         # never below what a job holds: one given workers before it reported (a live
         # service hands idle workers out) is not shrunk for want of reports
         cap = np.array(
-            [min(gpus, max(1, int(self.explore * self._seen(j)),
+            [min(gpus, max(1, min(int(self.explore * self._seen(j)), j.max_replicas or gpus),
                            j.allocation.replicas if j.allocation else 0)) for j in jobs]
         )
         fair = max(1, gpus // len(state.jobs)) if self.fair_share_base else 1
