@@ -28,10 +28,12 @@ def ray_cluster():
 def run_records_apart(tmp_path_factory):
     """The tests' runs leave their records (what the planner learns from) in a directory
     of their own: corrections learned from runs on this machine do not reach the tests'
-    plans, nor do the tests' runs reach the machine's."""
+    plans, nor do the tests' runs reach the machine's. Set in the environment, so the
+    commands the tests run in subprocesses (``unipar train``, the service's runners)
+    keep theirs apart too."""
     from unipar.cluster import run_records
 
     directory = tmp_path_factory.mktemp("unipar-run-records")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(run_records, "records_dir", lambda: directory)
+        patch.setenv(run_records.RECORDS_DIR_VARIABLE, str(directory))
         yield directory

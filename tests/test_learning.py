@@ -267,3 +267,18 @@ def test_the_summary_states_measured_against_predicted():
     assert math.isclose(check.error, 0.228 / 0.3 - 1)
     resized = summary_lines([check, replace(check, workers=4, predicted_s=None, note="why")])
     assert "2 workers: measured" in resized[0] and "4 workers: not predicted (why)" in resized[-1]
+
+
+def test_the_suites_commands_keep_their_records_apart_from_the_machines(run_records_apart):
+    """A command a test runs in a subprocess (``unipar train`` in the docs test, the
+    service's runners) writes its run records where the suite's go, never into the
+    machine's ``~/.cache/unipar``: there they would correct the planner of whoever runs
+    the suite (they did: the docs test's runs, measured under the suite's load, put a
+    later plain ``make demo``'s prediction 197% off). About 2 s."""
+    import subprocess
+    import sys
+
+    code = "from unipar.cluster.run_records import records_dir; print(records_dir())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(run_records_apart)

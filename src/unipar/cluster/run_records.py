@@ -37,10 +37,16 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "unipar"
 
 
+RECORDS_DIR_VARIABLE = "UNIPAR_RUN_RECORDS"
+
+
 def records_dir() -> Path:
-    """Where the run records go by default: :func:`cache_dir` (the test suite keeps its
-    own, so that what runs measured on a machine and what tests measure stay apart)."""
-    return cache_dir()
+    """Where the run records go by default: ``$UNIPAR_RUN_RECORDS`` where it is set, else
+    :func:`cache_dir`. The test suite sets it, so that its runs (its subprocesses and
+    Ray workers included, which inherit the environment) never teach the planner of the
+    machine they run on, nor learn from it."""
+    override = os.environ.get(RECORDS_DIR_VARIABLE)
+    return Path(override) if override else cache_dir()
 
 
 class Measured(Enum):
