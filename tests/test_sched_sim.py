@@ -198,3 +198,22 @@ def test_cli_autoscale_prints_cost_against_the_fixed_cluster_and_the_floor(tmp_p
     cost = float(line.split("cost x")[1].split()[0])
     floor = float(line.split("floor of any schedule at avg JCT <= x1.1: x")[1])
     assert 0 < floor <= cost
+
+
+def test_each_round_admits_arrivals_skips_idle_time_and_stops_at_the_horizon():
+    """The round start both simulators share (unipar.sched.arrivals)."""
+    from types import SimpleNamespace
+
+    from unipar.errors import ConfigError
+    from unipar.sched.arrivals import admit_arrivals
+
+    def job(name, at):
+        return SimpleNamespace(spec=SimpleNamespace(name=name, submit_time=at))
+
+    pending, active = [job("a", 10.0), job("b", 130.0)], []
+    assert admit_arrivals(pending, active, 0.0, 60.0, 1000.0, hint="") == 60.0  # idle: skip
+    assert admit_arrivals(pending, active, 60.0, 60.0, 1000.0, hint="") is None
+    assert [j.spec.name for j in active] == ["a"] and len(pending) == 1
+    unfinished = r"horizon of 100 s with 2 jobs unfinished \(e.g. 'a'\).*fits"
+    with pytest.raises(ConfigError, match=unfinished):
+        admit_arrivals(pending, active, 180.0, 60.0, 100.0, hint=": check that each job fits")

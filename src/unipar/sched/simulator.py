@@ -19,6 +19,7 @@ import numpy as np
 from unipar.errors import ConfigError
 from unipar.goodput.table import split_batch
 from unipar.goodput.throughput import Observation, ThroughputModel, fit
+from unipar.sched.arrivals import admit_arrivals
 from unipar.sched.cluster import Cluster
 from unipar.sched.fleet import FixedFleet, Fleet
 from unipar.sched.policy import Allocation, JobView, Policy, RoundState
@@ -197,17 +198,11 @@ def simulate(
     quota = dict(config.gpu_quota) or None
     pool = _Pool()
     while pending or active:
-        while pending and pending[0].spec.submit_time <= now:
-            active.append(pending.pop(0))
-        if not active:
-            now = math.ceil(pending[0].spec.submit_time / interval) * interval
+        skip_to = admit_arrivals(pending, active, now, interval, config.horizon,
+                                 hint=": check that each job fits the cluster")
+        if skip_to is not None:
+            now = skip_to
             continue
-        if now > config.horizon:
-            raise ConfigError(
-                f"simulation passed its horizon of {config.horizon:.0f} s with "
-                f"{len(active)} jobs unfinished (e.g. {active[0].spec.name!r}); the policy "
-                "never ran them: check that each job fits the cluster"
-            )
         def views(now=now, active=active):
             return [j.view(now, cluster.total_gpus, cluster.gpus_per_node, oracle, pool)
                     for j in active]

@@ -30,6 +30,7 @@ from unipar.errors import ConfigError
 from unipar.goodput.batch import best_batch
 from unipar.goodput.fit_log import fit_log
 from unipar.goodput.throughput import Observation, ThroughputModel
+from unipar.sched.arrivals import admit_arrivals
 from unipar.sched.results import JobResult, SimResult
 from unipar.sched.typed_cluster import TypedAllocation, TypedCluster
 from unipar.sched.typed_policy import (
@@ -309,16 +310,10 @@ def _simulate(specs, applications, policy, cluster, config) -> TypedRun:
     round_seconds: list[float] = []
     by_type = dict.fromkeys(types, 0.0)
     while pending or active:
-        while pending and pending[0].spec.submit_time <= now:
-            active.append(pending.pop(0))
-        if not active:
-            now = math.ceil(pending[0].spec.submit_time / interval) * interval
+        skip_to = admit_arrivals(pending, active, now, interval, config.horizon, hint="")
+        if skip_to is not None:
+            now = skip_to
             continue
-        if now > config.horizon:
-            raise ConfigError(
-                f"simulation passed its horizon of {config.horizon:.0f} s with {len(active)} "
-                f"jobs unfinished (e.g. {active[0].spec.name!r}); the policy never ran them"
-            )
         state = TypedRoundState(now, cluster, [j.view(pools, types) for j in active], interval)
         tick = time.perf_counter()
         allocs = policy.allocate(state)
