@@ -126,6 +126,13 @@ class TypedCluster:
                 return g.gpu_type
         raise ConfigError(f"no GPU type {name!r} in the cluster; it has {self.type_names}")
 
+    def job_nodes(self, name: str) -> int:
+        """The most nodes of type ``name`` one job may span: all of them, or the type's
+        ``max_nodes_per_job`` where that is smaller."""
+        nodes = len(self.nodes_of(name))
+        limit = self.gpu_type(name).max_nodes_per_job
+        return min(nodes, limit) if limit else nodes
+
     def nodes_of(self, name: str) -> range:
         """Global numbers of the nodes of type ``name``."""
         start = 0

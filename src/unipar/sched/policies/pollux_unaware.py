@@ -72,7 +72,7 @@ class UnawarePolluxPolicy(TypedPolicy):
         size = vnodes[0][1]
         # the most GPUs one job may hold: the GPUs of the smallest type (nodes a job may span)
         limit = min(
-            t.gpus_per_node * min(len(cluster.nodes_of(t.name)), t.max_nodes_per_job or 1 << 30)
+            t.gpus_per_node * cluster.job_nodes(t.name)
             for t in cluster.types
         )
         views = [self._view(j, cluster, limit) for j in state.jobs]

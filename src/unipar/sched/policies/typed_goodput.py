@@ -50,9 +50,7 @@ def configurations(cluster: TypedCluster, max_gpus: int = MAX_JOB_GPUS) -> list[
     out = []
     for t in cluster.types:
         gpn = t.gpus_per_node
-        nodes = len(cluster.nodes_of(t.name))
-        if t.max_nodes_per_job:
-            nodes = min(nodes, t.max_nodes_per_job)
+        nodes = cluster.job_nodes(t.name)
         out += [Config(t.name, 1, k) for k in range(1, gpn + 1)]
         out += [Config(t.name, n, n * gpn) for n in range(2, nodes + 1) if n * gpn <= max_gpus]
     return out
