@@ -25,6 +25,19 @@ def ray_cluster():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """The test process computes on one thread: its models are tiny (the single-process
+    references, the analyses), and on 2 cores shared with the Ray workers more threads
+    only contend. Measured on the noise-scale test's GPT: 1.7 CPU-s on one thread, 5.5-6.7
+    on two (and 70 s of wall time in the suite at a load of 5); the service test's
+    reference, 1.4 s against 57 s. The workers set their own
+    (``threads`` of each run), unaffected."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True, scope="session")
 def run_records_apart(tmp_path_factory):
     """The tests' runs leave their records (what the planner learns from) in a directory
     of their own: corrections learned from runs on this machine do not reach the tests'
