@@ -42,20 +42,38 @@ STEPS = 250
 BATCH = 8
 
 
-SAMPLE_DELAY_S = 0.006  # each sample's load: a step lasts long enough for a worker to start
+# Each sample's load: a step lasts long enough for a worker to start. Once a test's
+# scenario is over (the worker lost and the gang whole again), ScenarioOver writes the
+# dataset's ``fast_once`` file and the remaining steps (most of the 250) run without it.
+SAMPLE_DELAY_S = 0.006
 
 
-def slow_mlp_job(steps: int = STEPS, sample_delay_s: float = SAMPLE_DELAY_S) -> Job:
+def slow_mlp_job(
+    steps: int = STEPS, sample_delay_s: float = SAMPLE_DELAY_S, fast_once: Path | None = None
+) -> Job:
     config = MLPConfig(in_features=16, hidden=32, layers=2, out_features=4, expansion=4)
     return Job(
         name="elastic-mlp",
         model=functools.partial(MLP, config),
-        dataset=functools.partial(SlowRegression, 512, 16, 4, sample_delay_s),
+        dataset=functools.partial(SlowRegression, 512, 16, 4, sample_delay_s,
+                                  fast_once=str(fast_once) if fast_once else None),
         global_batch_size=BATCH,
         steps=steps,
         optimizer=OptimizerSpec(lr=1e-2),
         loss=mse_loss,
     )
+
+
+class ScenarioOver(Callback):
+    """Writes ``fast_once`` once ``resizes`` resizes are taken in (see ``SAMPLE_DELAY_S``)."""
+
+    def __init__(self, fast_once: Path, resizes: int = 2) -> None:
+        self.fast_once, self.resizes, self.seen = fast_once, resizes, 0
+
+    def on_resize(self, event):  # type: ignore[no-untyped-def]
+        self.seen += 1
+        if self.seen == self.resizes:
+            self.fast_once.touch()
 
 
 class KillOnce(Callback):
@@ -115,14 +133,14 @@ def _assert_same_losses(result, reference: list[float]) -> None:  # type: ignore
 
 
 def _run_shrink_and_grow(tmp_path, plan, reference, *, snapshot_every=None):  # type: ignore[no-untyped-def]
-    job = slow_mlp_job()
+    job = slow_mlp_job(fast_once=tmp_path / "scenario-over")
     run = dict(plan=plan, **RUN)
     killer = KillOnce(at=8, rank=1, checkpoints=tmp_path / "elastic" / "checkpoints")
     result = fit(
         job,
         workers=(1, 2),
         run_dir=tmp_path / "elastic",
-        callbacks=[killer],
+        callbacks=[killer, ScenarioOver(tmp_path / "scenario-over")],
         snapshot_every=snapshot_every,
         **run,
     )
@@ -156,18 +174,20 @@ def test_an_adaptive_batch_job_grows_live_from_a_survivors_snapshot(
     its bound: the losses are the plain run's."""
     from unipar.job import AdaptiveBatch
 
-    job = slow_mlp_job()
+    job = slow_mlp_job(fast_once=tmp_path / "scenario-over")
     job = replace(job, adaptive=AdaptiveBatch(max_global_batch=job.global_batch_size))
     killer = KillOnce(at=8, rank=1, checkpoints=tmp_path / "checkpoints")
-    result = fit(job, workers=(1, 2), run_dir=tmp_path, callbacks=[killer], **RUN)
+    over = ScenarioOver(tmp_path / "scenario-over")
+    result = fit(job, workers=(1, 2), run_dir=tmp_path, callbacks=[killer, over], **RUN)
     assert [(e.old, e.new) for e in result.resizes][:2] == [(2, 1), (1, 2)], result.resizes
     _assert_same_losses(result, reference_losses)
 
 
 def test_fixed_size_recovers_live_with_a_replacement(ray_cluster, reference_losses, tmp_path):
-    job = slow_mlp_job()
+    job = slow_mlp_job(fast_once=tmp_path / "scenario-over")
     killer = KillOnce(at=8, rank=0, checkpoints=tmp_path / "checkpoints")
-    result = fit(job, workers=2, run_dir=tmp_path, callbacks=[killer], **RUN)
+    over = ScenarioOver(tmp_path / "scenario-over", resizes=1)  # one replacement
+    result = fit(job, workers=2, run_dir=tmp_path, callbacks=[killer, over], **RUN)
     assert killer.killed_at is not None and killer.on_disk_at_kill == []
     assert [(e.old, e.new) for e in result.resizes] == [(2, 2)]
     assert result.failures == 1
@@ -224,8 +244,8 @@ class SlowToBuildOnRank1(SlowRegression):
     """Rank 1 of a gang of two builds its dataset slowly, and leaves its process id in
     ``pid_file`` first: a window in which the gang is still forming."""
 
-    def __init__(self, pid_file: str) -> None:
-        super().__init__(512, 16, 4, SAMPLE_DELAY_S)
+    def __init__(self, pid_file: str, fast_once: str) -> None:
+        super().__init__(512, 16, 4, SAMPLE_DELAY_S, fast_once=fast_once)
         import torch.distributed as dist
 
         if dist.is_initialized() and dist.get_world_size() == 2 and dist.get_rank() == 1:
@@ -250,10 +270,12 @@ def test_a_worker_lost_while_the_gang_forms_is_a_failure_not_the_end(
     import threading
 
     pid_file = tmp_path / "rank1.pid"
-    job = replace(slow_mlp_job(), dataset=functools.partial(SlowToBuildOnRank1, str(pid_file)))
+    over = ScenarioOver(tmp_path / "scenario-over")
+    dataset = functools.partial(SlowToBuildOnRank1, str(pid_file), str(over.fast_once))
+    job = replace(slow_mlp_job(), dataset=dataset)
     killer = threading.Thread(target=_kill_once_it_appears, args=(pid_file,), daemon=True)
     killer.start()
-    result = fit(job, workers=(1, 2), run_dir=tmp_path, max_failures=1, **RUN)
+    result = fit(job, workers=(1, 2), run_dir=tmp_path, max_failures=1, callbacks=[over], **RUN)
     killer.join()
     assert result.failures == 1
     reasons = [e.reason for e in result.resizes]

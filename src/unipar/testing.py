@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -82,15 +83,23 @@ class RandomRegression(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 class SlowRegression(RandomRegression):
     """:class:`RandomRegression` whose every sample takes ``delay`` seconds to load (a stand-in
-    for real data loading), so a data-parallel job runs faster on more workers."""
+    for real data loading), so a data-parallel job runs faster on more workers.
+
+    ``fast_once``: a file; once it exists, samples load at once. A test whose scenario
+    (a worker lost, then one joining) needs slow steps writes it when the scenario is
+    over, so that the run's remaining steps do not wait (the same samples either way)."""
 
     def __init__(self, size: int, in_features: int, out_features: int, delay: float,
-                 seed: int = 1234) -> None:
+                 seed: int = 1234, fast_once: str | None = None) -> None:
         super().__init__(size, in_features, out_features, seed=seed)
-        self.delay = delay
+        self.delay, self.fast_once = delay, fast_once
+        self._fast = False
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        time.sleep(self.delay)
+        if self.fast_once is not None and not self._fast:
+            self._fast = os.path.exists(self.fast_once)
+        if not self._fast:
+            time.sleep(self.delay)
         return super().__getitem__(index)
 
 
