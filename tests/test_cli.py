@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
 import textwrap
 
+from unipar.cli.main import main
 from unipar.plan import Plan
 
 JOB_FILE = textwrap.dedent(
@@ -47,16 +50,20 @@ def test_train_user_file_then_resume(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     assert "loss" in first.stdout and "step_00000004" in first.stdout
     assert "chosen: " in first.stdout  # --strategy auto explains its plan first
-    # The output of `unipar plan --json` is a plan `unipar train --strategy` takes.
-    planned = _unipar(
-        *("plan", "gpt", "--hidden", "32", "--layers", "2", "--heads", "2", "--vocab", "64"),
-        *("--seq", "16", "--global-batch", "8", "--cluster", "a100-80g", "--gpus-per-node", "2"),
-        *("--fix", "dp=2,microbatch=2,distributed_optimizer=false", "--json"),
-        cwd=tmp_path,
-    )
-    assert planned.returncode == 0, planned.stderr[-3000:]
-    (tmp_path / "plan.json").write_text(planned.stdout)
-    assert Plan.from_json(planned.stdout) == Plan.data_parallel(2, 8, microbatch_size=2)
+    # The output of `unipar plan --json` is a plan `unipar train --strategy` takes. (The
+    # command's own entry point, in this process: it starts no Ray, and a process of its
+    # own would cost its imports, seconds of CPU, again.)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = main([
+            *("plan", "gpt", "--hidden", "32", "--layers", "2", "--heads", "2", "--vocab", "64"),
+            *("--seq", "16", "--global-batch", "8", "--cluster", "a100-80g"),
+            *("--gpus-per-node", "2", "--fix", "dp=2,microbatch=2,distributed_optimizer=false"),
+            "--json",
+        ])
+    assert status == 0
+    (tmp_path / "plan.json").write_text(printed.getvalue())
+    assert Plan.from_json(printed.getvalue()) == Plan.data_parallel(2, 8, microbatch_size=2)
     again = _unipar(
         "train",
         "my_job.py",
