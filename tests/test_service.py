@@ -43,12 +43,14 @@ from unipar.testing import SlowRegression, mse_loss
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def mlp_job(name: str, steps: int, seed: int, delay: float = 0.005) -> Job:
+def mlp_job(name: str, steps: int, seed: int, delay: float = 0.005,
+            fast_once: Path | None = None) -> Job:
     config = MLPConfig(in_features=16, hidden=32, layers=2, out_features=4, expansion=4)
     return Job(
         name=name,
         model=functools.partial(MLP, config),
-        dataset=functools.partial(SlowRegression, 512, 16, 4, delay, seed),
+        dataset=functools.partial(SlowRegression, 512, 16, 4, delay, seed,
+                                  fast_once=str(fast_once) if fast_once else None),
         global_batch_size=8,
         steps=steps,
         optimizer=OptimizerSpec(lr=1e-2),
@@ -423,8 +425,10 @@ def shared_run(ray_cluster, tmp_path_factory):  # type: ignore[no-untyped-def]
     # B's samples are slow enough that, once A ends, growing it pays for the resize; A's
     # leave it well over a grow's latency (5 s until measured) to run when B arrives, else
     # it would keep its size as a job about to end
+    # (once B has grown, the scenario is over: its remaining steps load at once)
+    b_grown = state / "b-grown"
     jobs = {"a": mlp_job("job-a", 240, seed=0, delay=0.015),
-            "b": mlp_job("job-b", 320, seed=1, delay=0.02)}
+            "b": mlp_job("job-b", 320, seed=1, delay=0.02, fast_once=b_grown)}
     a = client.submit(jobs["a"], workers=(1, 4), checkpoint_every=10_000)
     _wait(lambda: (r := _by_id(a.id)).workers == 4 and r.step >= 10)
     b = client.submit(jobs["b"], workers=(1, 4), checkpoint_every=10_000)
@@ -435,7 +439,13 @@ def shared_run(ray_cluster, tmp_path_factory):  # type: ignore[no-untyped-def]
     old_pid = client.call(scheduler.ping.remote())["pid"]
     os.kill(old_pid, signal.SIGKILL)
     restarted = _wait(lambda: client.call(scheduler.ping.remote(), 5)["pid"] != old_pid)
-    done = [h.wait(timeout_s=150) for h in (a, b)]
+    done_a = a.wait(timeout_s=150)
+    a_ended = client.call(scheduler.events.remote(a.id), 5)[-1][0]
+    _wait(lambda: _by_id(b.id).state is not JobState.RUNNING or any(
+        at >= a_ended and t.startswith("resize ") and "resources free" in t
+        for at, t in client.call(scheduler.events.remote(b.id), 5)), timeout_s=150)
+    b_grown.touch()  # B grew once A ended
+    done = [done_a, b.wait(timeout_s=150)]
     history = {h.id: client.call(scheduler.events.remote(h.id)) for h in (a, b)}
     rows = client.jobs()
     log_b = b.logs()
