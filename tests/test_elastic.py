@@ -6,7 +6,7 @@ Losses equal an uninterrupted run within 1e-5 (relative): with one worker the sa
 micro-batches are computed (micro-batch size kept) and their gradients accumulated
 instead of all-reduced, so only the order of a float sum differs. The uninterrupted run
 is the plain single-process loop on the whole global batch (``single_process_losses``,
-1 s), which two-worker runs of each plan here match within 1.7e-6 over the 250 steps
+1 s), which two-worker runs of each plan here matched within 1.7e-6 over 250 steps
 (dp, fsdp and pp measured; tests/test_parity_*.py hold every plan to it): a two-worker
 reference run of the same plan cost 10-32 s more per test.
 """
@@ -38,14 +38,16 @@ from unipar.testing import SlowRegression, mse_loss, single_process_losses
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-STEPS = 250
+STEPS = 100
 BATCH = 8
 
-
-# Each sample's load: a step lasts long enough for a worker to start. Once a test's
+# Each sample's load, so that the steps a lone survivor runs outlast a joining worker's
+# start: 0.4 s a step on one worker, 37 s for the 92 steps after the kill at step 8 (it
+# was 250 steps of 6 ms samples: 12 s for dp, 24 s for fsdp's slower steps). Once the
 # scenario is over (the worker lost and the gang whole again), ScenarioOver writes the
-# dataset's ``fast_once`` file and the remaining steps (most of the 250) run without it.
-SAMPLE_DELAY_S = 0.006
+# dataset's ``fast_once`` file and the remaining steps run at their own speed.
+SAMPLE_DELAY_S = 0.05
+RUN_DELAY_S = 0.006  # the runs that wait for no joiner (a disk recovery, a free CPU)
 
 
 def slow_mlp_job(
@@ -229,7 +231,7 @@ def test_a_sharded_gang_resumes_from_a_disk_checkpoint_newer_than_its_snapshot(
     """FSDP, a snapshot every 10 steps and a disk checkpoint every 2: a worker killed after
     step 12 is recovered from the newest state (a checkpoint at 12 or later), not from the
     older snapshot at step 10. Every step is still run once with its own samples."""
-    job = slow_mlp_job(40)
+    job = slow_mlp_job(40, RUN_DELAY_S)
     killer = KillOnce(at=12, rank=1, checkpoints=tmp_path / "checkpoints")
     result = fit(job, workers=(1, 2), run_dir=tmp_path, callbacks=[killer],
                  plan=Plan(mesh=Mesh(fsdp=2), microbatch_size=4), snapshot_every=10,
@@ -310,8 +312,8 @@ def test_a_gang_does_not_hold_a_cpu_it_cannot_grow_into(ray_cluster, tmp_path):
     ray.get(holder.ready.remote())
     try:
         probe = FreeCPUsAt(60)
-        result = fit(slow_mlp_job(80), workers=(1, 4), run_dir=tmp_path, callbacks=[probe],
-                     **RUN)
+        result = fit(slow_mlp_job(80, RUN_DELAY_S), workers=(1, 4), run_dir=tmp_path,
+                     callbacks=[probe], **RUN)
     finally:
         ray.kill(holder)
     assert len(result.history) == 80
