@@ -60,6 +60,13 @@ class JobRow:
     run_dir: str = ""
     error: str = ""
     running_batch: int = 0  # the global batch it last ran (0: none reported yet)
+    # on a cluster of several node types (:mod:`unipar.service.node_types`): the job's
+    # declared samples per second on one worker of each type, the type the scheduler
+    # gives it, the one its workers hold, and its step_times per type they held
+    throughput: dict[str, float] | None = None
+    gpu_type: str = ""
+    held_type: str = ""  # the type its workers were last seen holding (Ray's assignment)
+    typed_step_times: dict[str, dict[int, tuple[float, float]]] | None = None
 
     @property
     def goodput(self) -> float:
@@ -85,13 +92,25 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
 
 
+def _encode_times(value: dict[int, tuple[float, float]]) -> dict[str, list[float]]:
+    return {str(k): list(v) for k, v in value.items()}
+
+
+def _decode_times(value: dict[str, list[float]]) -> dict[int, tuple[float, float]]:
+    return {int(k): (float(v[0]), float(v[1])) for k, v in value.items()}
+
+
 def _encode(name: str, value: Any) -> Any:
     if isinstance(value, JobState):
         return value.value
     if name == "sizes":
         return json.dumps(list(value))
     if name == "step_times":
-        return json.dumps({str(k): list(v) for k, v in value.items()}) if value else None
+        return json.dumps(_encode_times(value)) if value else None
+    if name == "typed_step_times":
+        return json.dumps({t: _encode_times(v) for t, v in value.items()}) if value else None
+    if name == "throughput":
+        return json.dumps(value) if value else None
     return value
 
 
@@ -100,10 +119,17 @@ def _decode(name: str, value: Any) -> Any:
         return JobState(value)
     if name == "sizes":
         return tuple(json.loads(value))
+    loaded = json.loads(value) if value and name in _JSON else None
     if name == "step_times":
-        loaded = json.loads(value) if value else None
-        return {int(k): (float(v[0]), float(v[1])) for k, v in loaded.items()} if loaded else None
+        return _decode_times(loaded) if loaded else None
+    if name == "typed_step_times":
+        return {t: _decode_times(v) for t, v in loaded.items()} if loaded else None
+    if name == "throughput":
+        return {t: float(v) for t, v in loaded.items()} if loaded else None
     return value
+
+
+_JSON = ("step_times", "typed_step_times", "throughput")
 
 
 class Store:

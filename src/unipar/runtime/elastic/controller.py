@@ -27,7 +27,11 @@ to its fixed size, back to the newest disk checkpoint, up to ``max_failures`` ti
   has its workers leave the same way, at a step boundary: no step lost;
 - **size target** (:mod:`unipar.runtime.elastic.size_target`): an outside decision (the shared
   cluster's scheduler) bounds the gang: workers past it leave as from a draining node,
-  and the gang grows only up to it.
+  and the gang grows only up to it;
+- **move**: when the size target names other resources for each worker (another node
+  type), workers that hold them start while the gang trains on, and the gang re-forms on
+  them at a step boundary, the old ones leaving as from a draining node
+  (:mod:`unipar.runtime.elastic.placement`).
 
 After each event the plan is derived again for the new size (the planner, for a
 strategy; :func:`resize_plan` for a given plan), a fresh rendezvous is handed out
@@ -74,9 +78,10 @@ from unipar.runtime.elastic.formation import (
     export_state,
     gather_forms,
 )
+from unipar.runtime.elastic.placement import WorkerPlacement
 from unipar.runtime.elastic.recovery import Recovery
 from unipar.runtime.elastic.rendezvous import RendezvousHost
-from unipar.runtime.elastic.size_target import bounded
+from unipar.runtime.elastic.size_target import SizeTarget, bounded
 from unipar.runtime.elastic.snapshot import SnapshotAssembly, SnapshotPart
 from unipar.runtime.elastic.worker import (
     ElasticWorker,
@@ -154,7 +159,10 @@ class Controller:
         self._joiners: list[Member] = []  # started workers the present gang may grow by
         self._started_joiners_at = 0.0  # when the last workers to grow by were started
         self._last_lost: WorkerLost | None = None
-        self.supervisor = Supervisor(self._make_actor, worker_needs(config))
+        # the resources each new worker asks for besides its CPUs and GPUs (a node type's)
+        self.placement = WorkerPlacement(self._wanted_resources, worker_needs(config),
+                                         _JOINER_WAIT_S)
+        self.supervisor = Supervisor(self._make_actor, self.placement.needs)
 
     def _make_actor(self):  # type: ignore[no-untyped-def]
         config = self.config
@@ -163,6 +171,7 @@ class Controller:
             .options(
                 num_cpus=config.cpus_per_worker,
                 num_gpus=config.gpus_per_worker,
+                resources=dict(self.placement.placed),
                 max_restarts=0,
             )
             .remote(
@@ -257,7 +266,8 @@ class Controller:
         rendezvous = self.host.new(size, config.collective_timeout_s)
         self.state.attempt = rendezvous.generation - 1
         self.workers = [
-            WorkerInfo(rank, m.pid, m.node_ip, m.node_id) for rank, m in enumerate(members)
+            WorkerInfo(rank, m.pid, m.node_ip, m.node_id, m.resources)
+            for rank, m in enumerate(members)
         ]
         forms = [
             member.actor.form.remote(
@@ -380,8 +390,11 @@ class Controller:
             # (not while the gang pauses: nothing is decided then)
             deciding = self.recovery.follows_cluster and not dead and not stop_requested
             target = self._most() if deciding else most
-            if deciding and (now >= next_check or target != most or self.supervisor.pending):
+            moved = deciding and self.placement.changed()
+            if deciding and (now >= next_check or target != most or self.supervisor.pending
+                             or moved):
                 next_check, most = now + _CLUSTER_CHECK_S, target
+                self.placement.follow(self.supervisor, joiners)
                 leaving = on_draining_nodes(members)
                 excess = len(members) - most
                 if leaving:
@@ -390,6 +403,10 @@ class Controller:
                     self.supervisor.cancel_pending()
                     leaving = members[-excess:]
                     reason = f"size target {most}"
+                elif misplaced := self.placement.misplaced(members):
+                    if self.placement.replaced(self.supervisor, len(members) - len(misplaced),
+                                               joiners, most):
+                        leaving, reason = misplaced, f"moved to {self.placement.describe()}"
                 else:
                     joiners += self.supervisor.take_started()
                     reason = self._grow(len(members), joiners)
@@ -429,6 +446,11 @@ class Controller:
                 return "resources free"
         return ""
 
+    def _wanted_resources(self) -> dict[str, float]:
+        """The resources the size target names for each worker (none without one)."""
+        target = self.size_target
+        return target.resources() if isinstance(target, SizeTarget) else {}
+
     def _lost(self, rank: int, error: BaseException) -> None:
         lost = self._last_lost = WorkerLost(rank, error)
         self.state.failures += 1
@@ -453,7 +475,9 @@ class Controller:
                 raise error
             raise UserCodeError(f"a worker raised:\n{failed[0].trace}") from None
         gone = end.dead + end.leaving
-        self.supervisor.kill(end.dead)
+        # with no loss the state comes from the pause's snapshot: members leaving free
+        # their room now, for the workers that may be started in it (a move with no room)
+        self.supervisor.kill(end.dead if end.dead else end.leaving)
         survivors = [m for m in members if m not in gone]
         if end.dead and not self.recovery.keeps_state_in_memory:
             return self._restart(survivors)

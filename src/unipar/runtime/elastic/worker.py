@@ -87,8 +87,8 @@ class ElasticWorker:
         self.committed = 0
         _dcp()  # imported now, while the gang trains, not during a resize
 
-    def describe(self) -> tuple[int, str, str]:
-        """(process id, node IP, Ray node id) of this worker."""
+    def describe(self) -> tuple[int, str, str, dict[str, float]]:
+        """(process id, node IP, Ray node id, assigned resources) of this worker."""
         return describe_process()
 
     def form(
