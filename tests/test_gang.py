@@ -46,3 +46,39 @@ def test_a_start_stops_the_members_past_a_bound_that_falls(ray_cluster):
     # the two past the bound gave their CPUs back while the third was still starting
     assert free_meanwhile and max(free_meanwhile) >= 3.0, free_meanwhile
     supervisor.kill(members)
+
+
+def test_a_move_asks_for_the_new_resources_and_gives_up_on_room_that_never_frees(ray_cluster):
+    """A size target that names resources no node has (another node type, full): the new
+    workers ask for them (they stay pending), the present member is misplaced, and once
+    the wait is over it may leave first, the pending workers given up (the next gang's
+    start then waits in the room it frees)."""
+    from unipar.runtime.elastic.placement import WorkerPlacement
+    from unipar.runtime.elastic.size_target import SizeTarget
+
+    target = SizeTarget(1)
+    placement = WorkerPlacement(target.resources, {"CPU": 1.0}, wait_s=30.0)
+
+    def make():  # type: ignore[no-untyped-def]
+        return ray.remote(_Slow).options(num_cpus=1, resources=placement.placed).remote(0.0)
+
+    supervisor = Supervisor(make, placement.needs)
+    members = supervisor.start(1, 30.0)
+    try:
+        assert members[0].resources == {"CPU": 1.0}  # what Ray assigned the process
+        assert placement.misplaced(members) == []
+        target.set(1, {"unipar_type_nowhere": 1.0})
+        joiners: list = []
+        placement.follow(supervisor, joiners)
+        assert supervisor.needs == {"CPU": 1.0, "unipar_type_nowhere": 1.0}
+        assert supervisor.room() == 0
+        assert placement.misplaced(members) == members
+        assert not placement.replaced(supervisor, 0, joiners, 1)  # started, not placed
+        assert len(supervisor.pending) == 1 and joiners == []
+        placement.wait_s = 0.0
+        time.sleep(0.1)
+        assert placement.replaced(supervisor, 0, joiners, 1)  # leave first
+        assert supervisor.pending == [] and joiners == []
+    finally:
+        supervisor.cancel_pending()
+        supervisor.kill(members)
