@@ -11,8 +11,9 @@ service test would be scheduled by type): X, twice as fast on b, starts on b; Y,
 as fast on b, arrives; the policy moves X to a and Y takes b. Where each job ran is read
 from the resources Ray assigned its worker processes, not from the scheduler's intent.
 X's losses across the move, and Y's, equal their single-process runs (rtol 1e-5, as the
-service's other parity tests). About 25 s on a quiet 2-core machine (its own Ray, two
-runners and three worker processes start), most of it process start-up.
+service's other parity tests). 41 s on the 2-core machine at a load average of 7 (not
+measured quiet yet), most of it process start-up: its own Ray, the scheduler, two runners
+and three workers.
 """
 
 from __future__ import annotations
