@@ -63,7 +63,8 @@ def main(workdir: Path) -> None:
     x_row = x.cancel()
     y_row = y.wait(timeout_s=120)
     events = {str(h.id): client.call(client.scheduler().events.remote(h.id)) for h in (x, y)}
-    client.down()
+    # no `down`: this process's Ray, the scheduler's and the runners' processes with it,
+    # ends with it (a down waits up to two rounds for the scheduler's loop)
     print(json.dumps({
         "refused": refused, "x": x.id, "y": y.id, "y_submitted": y_submitted,
         "events": events, "run_dirs": {str(r.id): r.run_dir for r in (x_row, y_row)},
