@@ -19,6 +19,7 @@ and three workers.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from test_service import mlp_job
 from unipar.errors import ConfigError
 from unipar.runtime.metrics import StepMetrics
 from unipar.sched.policies.typed_goodput import TypedGoodputPolicy
+from unipar.service.client import format_jobs
 from unipar.service.decide_typed import Placement, declared_profile, typed_targets
 from unipar.service.ledger import WARMUP_STEPS, RunnerStatus, StepLedger
 from unipar.service.node_types import check_throughput, type_held, type_resource, typed_cluster
@@ -117,6 +119,9 @@ def test_the_runner_counts_step_times_per_type_its_workers_hold(tmp_path):
     assert status.typed_step_times == {"b": {1: pytest.approx((timed, 0.1 * timed))},
                                        "a": {1: pytest.approx((timed, 0.2 * timed))}}
     assert status.steps_per_s == pytest.approx(5.0)  # its speed on a, where it runs now
+    moving = _row(0, JobState.RUNNING, target=1, workers=1, gpu_type="a", held_type="b")
+    assert "1/1 on b->a" in format_jobs([moving])
+    assert "1/1 on a" in format_jobs([replace(moving, held_type="a")])
     store = Store(tmp_path / "s.sqlite")  # the columns go to the store and back
     job_id = store.add(_row(0, JobState.RUNNING, throughput={"a": 1.0, "b": 2.0},
                             typed_step_times=status.typed_step_times, gpu_type="a"), b"job")

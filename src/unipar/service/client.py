@@ -302,6 +302,16 @@ def _batch(row: JobRow) -> str:
     return str(now) if now == row.batch else f"{now} (M0 {row.batch})"
 
 
+def _where(row: JobRow) -> str:
+    """On a cluster of several node types: the type its workers hold, and the one they
+    move to (`` on b``, `` on b->a``)."""
+    if not row.gpu_type:
+        return ""
+    if row.held_type in ("", row.gpu_type):
+        return f" on {row.gpu_type}"
+    return f" on {row.held_type}->{row.gpu_type}"
+
+
 def format_jobs(rows: list[JobRow]) -> str:
     """The ``unipar jobs`` table."""
     header = ("JOB", "NAME", "USER", "STATE", "WORKERS", "BATCH", "GOODPUT", "PROGRESS", "ETA")
@@ -310,7 +320,7 @@ def format_jobs(rows: list[JobRow]) -> str:
         eta = r.eta_s
         lines.append((
             str(r.id), r.name, r.user, r.state.value,
-            f"{r.workers}/{r.target}" if r.state is JobState.RUNNING else "-",
+            f"{r.workers}/{r.target}{_where(r)}" if r.state is JobState.RUNNING else "-",
             _batch(r), f"{r.goodput:.1f}/s" if r.steps_per_s else "-",
             f"{r.step}/{r.steps} ({100 * r.step / max(r.steps, 1):.0f}%)",
             "-" if eta is None else f"{eta:.0f}s",
