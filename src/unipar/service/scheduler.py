@@ -7,6 +7,11 @@ workers leave at a step boundary, a growing one's join when the room is free; a 
 job starts when the policy gives it workers. It is started with ``max_restarts=-1``: if its
 process dies Ray starts it again, and the new one reads the store and adopts the runners
 still alive (they are detached and named ``unipar-job-<store token>-<id>``).
+
+On a cluster whose nodes declare node types (:mod:`unipar.service.node_types`), the
+policy's typed form decides instead (:mod:`unipar.service.decide_typed`): each job gets a
+type and a count, and a running job given another type is moved there by its runner's
+size target, which then names that type's resource.
 """
 
 from __future__ import annotations
