@@ -196,8 +196,8 @@ class Controller:
             wanted = most if promised else max(config.least_workers, min(most, room))
             if config.progress:
                 self.bar.note(f"unipar: starting {wanted} worker{'s' * (wanted != 1)}")
-            members = self.supervisor.start(wanted, config.placement_timeout_s,
-                                            most=self._most)
+            members = self.placement.start(self.supervisor, wanted, config.placement_timeout_s,
+                                           self._most)
             members = self._at_least_min(members)
             keep = self._usable(min(len(members), self._most()))  # the target may have fallen
             self.supervisor.kill(members[keep:])
@@ -240,7 +240,8 @@ class Controller:
         config = self.config
         missing = config.least_workers - len(members)
         if missing > 0:
-            members = members + self.supervisor.start(missing, config.placement_timeout_s)
+            members = members + self.placement.start(self.supervisor, missing,
+                                                      config.placement_timeout_s, lambda: missing)
         if len(members) < config.least_workers:
             self.supervisor.kill(members)
             if self.supervisor.raised:

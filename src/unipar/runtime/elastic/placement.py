@@ -40,6 +40,18 @@ class WorkerPlacement:
     def describe(self) -> str:
         return ", ".join(sorted(self.placed)) or "any node"
 
+    def start(self, supervisor: Supervisor, count: int, timeout_s: float,
+              most: Callable[[], int]) -> list[Member]:
+        """``count`` members that hold the wanted resources (:meth:`Supervisor.start`, with
+        ``most``); when those change while they start up (the room they wait for will not
+        come), the ones started are stopped and the start begins again with the new ones."""
+        while True:
+            members = supervisor.start(count, timeout_s,
+                                       most=lambda: 0 if self.changed() else most())
+            if not self.changed():
+                return members
+            self.follow(supervisor, [])
+
     def follow(self, supervisor: Supervisor, joiners: list[Member]) -> None:
         """Once the wanted resources change, new workers ask for them, and those started
         before (pending or up, in ``joiners``) are stopped."""
