@@ -11,7 +11,7 @@ service test would be scheduled by type): X, twice as fast on b, starts on b; Y,
 as fast on b, arrives; the policy moves X to a and Y takes b. Where each job ran is read
 from the resources Ray assigned its worker processes, not from the scheduler's intent.
 X's losses across the move, and Y's, equal their single-process runs (rtol 1e-5, as the
-service's other parity tests). 30 to 46 s on 2 cores shared at load averages of 4 to 7
+service's other parity tests). 30 to 51 s on 2 cores shared at load averages of 4 to 10
 (not measured quiet yet), most of it process start-up: its own Ray, the scheduler, two runners
 and three workers.
 """
