@@ -264,6 +264,7 @@ def submit(
         id=0, name=job.name, user=user or getpass.getuser(), priority=priority, deadline=when,
         least=least, most=most, sizes=sizes, batch=job.global_batch_size, steps=job.steps,
         state=JobState.QUEUED, submitted=time.time(), throughput=declared,
+        **adaptive_bounds(job),
     )
     blob = ray.cloudpickle.dumps((ray.cloudpickle.dumps(job), fit_options))
     return JobHandle(call(actor.submit.remote(row, blob)))
@@ -282,6 +283,16 @@ def _preflight(job: Job, least: int, most: int, fit_options: dict[str, Any]) -> 
             "scheduler sets the workers, the run directory and the size"
         )
     preflight(job, RunConfig(workers=(least, most), **fit_options))
+
+
+def adaptive_bounds(job: Job) -> dict[str, int]:
+    """An adaptive job's largest global batch and micro-batch per worker, as its store
+    row holds them (none for a fixed batch)."""
+    adaptive = job.adaptive
+    if adaptive is None:
+        return {}
+    return {"max_batch": adaptive.max_global_batch,
+            "max_local": adaptive.max_local_batch or adaptive.max_global_batch}
 
 
 def jobs() -> list[JobRow]:

@@ -5,10 +5,11 @@ Workers stand for the policy's GPUs (one Ray worker of ``cpus_per_worker`` CPUs 
 one node of ``slots`` workers: Ray places the workers. Each job's throughput model is
 fitted (:func:`unipar.goodput.throughput.fit`, Pollux §3.2) on the mean seconds per step of
 batch M0's progress it reported at each size (:mod:`unipar.service.ledger`). For an
-adaptive job, whose runtime picks its batch and learning rate at each size from its own
-gradient statistics, that is its measured goodput, statistical efficiency included; so the
-policy is given efficiency 1 (``grad_sqr=1, grad_var=0``) lest it count efficiency twice,
-and its batch choice is not applied (the runtime's is). The policy's counts are then
+adaptive job that has not yet reported its gradient statistics, that is its measured
+goodput, statistical efficiency included; so the policy is given efficiency 1
+(``grad_sqr=1, grad_var=0``) lest it count efficiency twice. Once it has, the policy sees
+its statistics and a model fitted on the batches it ran, and chooses its workers and
+batch together (:mod:`unipar.service.decide_batch`). The policy's counts are then
 fitted to what a job can run on: a size its plan takes (``sizes``), at least its minimum
 for a running job, at most its present size for a running job (grows come next), and the
 workers left idle handed out shortest remaining time first, to a job starting up to its
@@ -29,6 +30,7 @@ from unipar.goodput.throughput import Observation, ThroughputModel, fit
 from unipar.sched.autoscale import useful_gpus
 from unipar.sched.cluster import Cluster
 from unipar.sched.policy import Allocation, JobView, Policy, RoundState
+from unipar.service.decide_batch import batch_for, goodput_view, reported_goodput
 from unipar.service.state import JobRow, JobState
 
 PRIORITY_S = 86_400.0  # a priority of N queues a job as if submitted N days earlier
@@ -109,7 +111,7 @@ def fitted_model(rows: Sequence[JobRow], gpu_type: str | None = None) -> Through
 def job_view(row: JobRow, now: float, peers: Sequence[JobRow]) -> JobView:
     """``row`` as the policy sees it; ``peers``: jobs of the same name (application)."""
     running = row.state is JobState.RUNNING and row.target > 0
-    return JobView(
+    view = JobView(
         name=str(row.id),
         submit_time=row.submitted - PRIORITY_S * row.priority,
         requested_replicas=max(row.sizes),
@@ -134,6 +136,21 @@ def job_view(row: JobRow, now: float, peers: Sequence[JobRow]) -> JobView:
         deadline=row.deadline,
         remaining_progress=float(row.steps - row.step),
     )
+    return goodput_view(view, row) if reported_goodput(row) else view
+
+
+def decided_batches(rows: Sequence[JobRow], counts: dict[int, int], now: float,
+                    slots: int) -> dict[int, int]:
+    """The global batch of each adaptive job that reported its goodput and runs on
+    ``counts[id]`` workers: the policy's best at that count (:func:`batch_for`)."""
+    out = {}
+    for r in rows:
+        if counts.get(r.id, 0) > 0 and reported_goodput(r):
+            peers = [p for p in rows if p.name == r.name]
+            batch = batch_for(job_view(r, now, peers), counts[r.id], slots)
+            if batch:
+                out[r.id] = batch
+    return out
 
 
 def _measured(row: JobRow) -> dict[int, float]:

@@ -41,6 +41,13 @@ class RunnerStatus:
     gpu_type: str = ""
     typed_step_times: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
     placements: list[tuple[int, str]] = field(default_factory=list)
+    # an adaptive job's gradient statistics (smoothed |G|² and tr(Σ) per sample, as its
+    # runtime estimates them) and its optimizer steps at each shape it ran: (workers,
+    # micro-batch, micro-batches per worker) -> (steps, seconds), the step times of the
+    # batches actually run (what the scheduler fits Pollux's throughput model on)
+    grad_sqr: float = 0.0
+    grad_var: float = 0.0
+    batch_times: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
 
     def copy(self) -> RunnerStatus:
         return copy.deepcopy(self)
@@ -79,6 +86,12 @@ class StepLedger:
         else:  # its stats hold the progress before it and its efficiency E = r/S
             units = adapt.efficiency * adapt.global_batch / self.batch
             s.step, s.batch = int(adapt.progress + units), adapt.global_batch
+            if adapt.grad_sqr > 0:
+                s.grad_sqr, s.grad_var = adapt.grad_sqr, adapt.grad_var
+            if self.since_formed > WARMUP_STEPS and adapt.micro > 0:
+                shape = (size, adapt.micro, adapt.accum)
+                n, sec = s.batch_times.get(shape, (0.0, 0.0))
+                s.batch_times[shape] = (n + 1, sec + metrics.step_time_s)
         self._count(size, units, metrics.step_time_s, self.since_formed > WARMUP_STEPS)
 
     def _count(self, size: int, units: float, seconds: float, timed: bool) -> None:

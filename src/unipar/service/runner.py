@@ -52,15 +52,17 @@ class JobRunner:
         self._thread.start()
 
     def set_target(self, target: int, decided: float,
-                   resources: dict[str, float] | None = None) -> None:
+                   resources: dict[str, float] | None = None, batch: int = 0) -> None:
         """The scheduler's size (and the resources each worker holds: a change moves the
-        gang), chosen at ``decided`` (unix seconds): the actor runs calls on several
-        threads, so an older decision that arrives late is ignored."""
+        gang; and an adaptive job's global batch, 0: its own choice), chosen at
+        ``decided`` (unix seconds): the actor runs calls on several threads, so an older
+        decision that arrives late is ignored."""
         with self._lock:
             if decided < self._decided:
                 return
             self._decided = decided
             self.target.set(target, resources)
+            self.target.set_batch(batch or None)
             if target <= self.status_.workers:
                 self._raised_at = None
             elif self._raised_at is None:

@@ -33,7 +33,7 @@ from unipar.errors import ConfigError
 from unipar.ray_cluster.supervisor import PROCESS_LOST, constructor_error
 from unipar.sched.policies import PolicyName, TypedPolicyName, make_policy, make_typed_policy
 from unipar.sched.typed_cluster import TypedCluster
-from unipar.service.decide import ResizeCost, targets, useful_workers
+from unipar.service.decide import ResizeCost, decided_batches, targets, useful_workers
 from unipar.service.decide_typed import Placement, typed_targets
 from unipar.service.node_types import type_resource, typed_cluster
 from unipar.service.state import JobRow, JobState, Store
@@ -182,9 +182,12 @@ class Scheduler:
         else:
             decided = {job_id: Placement("", count) for job_id, count in
                        targets(self.policy, rows, slots, now, self.interval_s, cost).items()}
+        # an adaptive job's batch with its size (Pollux: the policy sets both)
+        batches = decided_batches(rows, {i: p.workers for i, p in decided.items()}, now, slots)
         for row in rows:
             place = decided.get(row.id, Placement("", 0))
             count = place.workers
+            batch = batches.get(row.id, row.decided_batch)
             if row.state is JobState.QUEUED and count > 0:
                 try:
                     self._start(row, place)
@@ -192,10 +195,15 @@ class Scheduler:
                     self._end(row, JobState.FAILED, f"failed to start: {error}",
                               error=f"{type(error).__name__}: {error}")
             elif row.state is JobState.RUNNING and count > 0 and (
-                    count != row.target or place.gpu_type != row.gpu_type):
-                self.runners[row.id].set_target.remote(count, now,
-                                                       type_resource(place.gpu_type))
-                self.store.update(row.id, target=count, gpu_type=place.gpu_type)
+                    count != row.target or place.gpu_type != row.gpu_type
+                    or batch != row.decided_batch):
+                self.runners[row.id].set_target.remote(
+                    count, now, type_resource(place.gpu_type), **({"batch": batch} if batch else {}))
+                self.store.update(row.id, target=count, gpu_type=place.gpu_type,
+                                  decided_batch=batch)
+                if batch != row.decided_batch:
+                    self.store.event(row.id, f"batch {row.decided_batch or row.running_batch}"
+                                     f" -> {batch} on {count} workers (goodput)")
                 if count != row.target:
                     self.store.event(row.id, f"size {row.target} -> {count}")
                 if place.gpu_type != row.gpu_type:
@@ -269,7 +277,9 @@ class Scheduler:
             self.store.event(row.id, f"workers hold node type {status.gpu_type} from step "
                              f"{status.placements[-1][0]}")
         self.store.update(
-            row.id, step=status.step, workers=status.workers, step_times=status.step_times,
+            row.id, grad_sqr=status.grad_sqr, grad_var=status.grad_var,
+            batch_times=status.batch_times or None,
+            step=status.step, workers=status.workers, step_times=status.step_times,
             steps_per_s=status.steps_per_s, running_batch=status.batch,
             typed_step_times=status.typed_step_times or None, held_type=status.gpu_type,
             restarts=len(status.resizes),

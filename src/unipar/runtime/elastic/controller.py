@@ -159,6 +159,7 @@ class Controller:
         self._joiners: list[Member] = []  # started workers the present gang may grow by
         self._started_joiners_at = 0.0  # when the last workers to grow by were started
         self._last_lost: WorkerLost | None = None
+        self._sent_batch: int | None = None  # the batch set from outside this gang was sent
         # the resources each new worker asks for besides its CPUs and GPUs (a node type's)
         self.placement = WorkerPlacement(self._wanted_resources, worker_needs(config),
                                          _JOINER_WAIT_S)
@@ -291,6 +292,8 @@ class Controller:
         every = self._snapshot_every(plan)
         self.state.trace.clear()  # only the gang that ran the traced steps sends records
         traced = steps_traced(config.trace_steps, self.job)
+        self._sent_batch = None
+        self._send_batch()  # a batch set from outside holds in every formation
         streams = [Stream(m, m.actor.train.remote(every, traced)) for m in members]
         return self._follow(streams, members)
 
@@ -373,6 +376,8 @@ class Controller:
                     elif isinstance(item, TraceBatch):
                         self.state.trace.extend(item.records)
             self._record(reports)
+            if not dead:
+                self._send_batch()
             now = time.monotonic()
             if interrupted_at is None and any(isinstance(s.result, Interrupted) for s in streams):
                 interrupted_at = now
@@ -446,6 +451,15 @@ class Controller:
                 self.supervisor.cancel_pending()
                 return "resources free"
         return ""
+
+    def _send_batch(self) -> None:
+        """An adaptive job's global batch set by the size target (a scheduler's), passed
+        to the gang when it changes (:meth:`RendezvousHost.request_batch`)."""
+        target = self.size_target
+        batch = target.batch() if isinstance(target, SizeTarget) else None
+        if batch is not None and batch != self._sent_batch and self.job.adaptive is not None:
+            self.host.request_batch(batch)
+            self._sent_batch = batch
 
     def _wanted_resources(self) -> dict[str, float]:
         """The resources the size target names for each worker (none without one)."""

@@ -202,6 +202,9 @@ class ElasticWorker:
                             yield self._snapshot(step)
                         yield Paused(step)
                         return
+                    if trainer.adapt is not None and (
+                            held := signal.batch_before(step)) is not None:
+                        trainer.adapt.hold(held)  # a scheduler's, on every rank alike
                     try:
                         report = trainer.run_step(step)
                     except BaseException:
