@@ -24,7 +24,6 @@ from unipar.adapt.state import AdaptState, BatchShape
 from unipar.data.sampler import SampleStream
 from unipar.job import Job, OptimizerSpec
 from unipar.models.mlp import MLP, MLPConfig
-from unipar.runtime.metrics import read_metrics
 from unipar.sched.policies import PolicyName, make_policy
 from unipar.service.decide import decided_batches, targets
 from unipar.service.decide_batch import batch_observations
@@ -166,3 +165,66 @@ def test_a_round_sends_the_batch_with_the_size_to_the_jobs_runner(ray_cluster, t
         scheduler._wake.set()
         if runner is not None:
             ray.kill(runner, no_restart=True)
+
+
+HELD = 24  # the batch set from outside: 3 x M0, 12 per worker
+SET_AT = 3  # set after this step's report
+
+
+def test_the_runtime_runs_a_batch_set_from_outside_with_the_reference_losses(
+    ray_cluster, tmp_path
+):
+    """An adaptive job on 2 elastic workers under a size target: after step ``SET_AT`` the
+    target's batch is set (as a runner does when the scheduler decides); from the next
+    step boundary the job runs it (read from its step reports) instead of its own
+    choices, at the learning rate its rule gives (AdamW: √S), and every step's loss is
+    the single-process loss of the same samples (by position) at the same learning rate
+    (rtol 1e-5, as the adaptive parity tests)."""
+    from unipar.runtime.callbacks import Callback
+    from unipar.runtime.elastic.size_target import SizeTarget
+    from unipar.runtime.run import fit
+
+    config = MLPConfig(in_features=16, hidden=32, layers=2, out_features=4, expansion=4)
+    job = Job(
+        name="held", model=functools.partial(MLP, config),
+        dataset=functools.partial(SlowRegression, 256, 16, 4, 0.005, 3), global_batch_size=8,
+        steps=30, optimizer=OptimizerSpec(lr=1e-2), loss=mse_loss, seed=3,
+        adaptive=AdaptiveBatch(max_global_batch=64, adapt_every=2, lr_rule=LRRule.SQRT),
+    )
+    target = SizeTarget(2)
+
+    class SetBatch(Callback):
+        def on_step(self, metrics, workers):  # type: ignore[no-untyped-def]
+            if metrics.step == SET_AT:
+                target.set_batch(HELD)
+
+    result = fit(job, workers=(1, 2), size_target=target, run_dir=tmp_path, progress=False,
+                 callbacks=[SetBatch()], poll_interval_s=0.1)
+    stats = [m.adapt for m in result.history]
+    batches = [s.global_batch for s in stats]
+    first = next(i for i, s in enumerate(stats) if s.held)
+    assert first > SET_AT and batches[first - 1] != HELD  # the next boundary (or one later)
+    assert all(b == HELD and s.held for b, s in zip(batches[first:], stats[first:],
+                                                    strict=True))
+    assert len(batches) > first + 1
+    base = job.optimizer.lr
+    for m in result.history:
+        assert m.lr == pytest.approx(base * math.sqrt(m.adapt.global_batch / 8), rel=1e-6)
+    # the scale-invariant reference: one process, the same samples by position, same lr
+    torch.manual_seed(job.seed)
+    model = job.model()
+    optimizer = job.build_optimizer(model.parameters())
+    dataset = job.dataset()
+    stream, position, expected = SampleStream(len(dataset), job.seed), 0, []
+    for m in result.history:
+        pairs = [dataset[int(i)] for i in stream.indices(position, m.adapt.global_batch)]
+        position += m.adapt.global_batch
+        for group in optimizer.param_groups:
+            group["lr"] = m.lr
+        loss = mse_loss(model(torch.stack([p[0] for p in pairs])),
+                        torch.stack([p[1] for p in pairs]))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        expected.append(loss.item())
+    torch.testing.assert_close(result.losses, expected, rtol=1e-5, atol=0)

@@ -197,8 +197,9 @@ class Scheduler:
             elif row.state is JobState.RUNNING and count > 0 and (
                     count != row.target or place.gpu_type != row.gpu_type
                     or batch != row.decided_batch):
-                self.runners[row.id].set_target.remote(
-                    count, now, type_resource(place.gpu_type), **({"batch": batch} if batch else {}))
+                held = {"batch": batch} if batch else {}  # an adaptive job's, once decided
+                self.runners[row.id].set_target.remote(count, now,
+                                                       type_resource(place.gpu_type), **held)
                 self.store.update(row.id, target=count, gpu_type=place.gpu_type,
                                   decided_batch=batch)
                 if batch != row.decided_batch:
