@@ -1,8 +1,8 @@
 """The shared cluster's scheduler sets an adaptive job's batch with its workers (Pollux §3):
 the decision (pure), what the runner publishes and the store keeps (pure), the round that
-sends the batch to the job's runner (the session's Ray, a stand-in runner: 1-2 s), and the
-runtime that runs a batch set from outside at the next step boundary with the losses of
-the scale-invariant reference (2 real workers under the elastic runtime: about 10 s).
+sends the batch to the job's runner (the session's Ray, a stand-in runner: 1-2 s), and a
+job under a scheduler that runs the batch it sets from the next step boundary with the
+losses of the scale-invariant reference (a real runner and 2 workers: 20-28 s here).
 """
 
 from __future__ import annotations
@@ -167,64 +167,76 @@ def test_a_round_sends_the_batch_with_the_size_to_the_jobs_runner(ray_cluster, t
             ray.kill(runner, no_restart=True)
 
 
-HELD = 24  # the batch set from outside: 3 x M0, 12 per worker
-SET_AT = 3  # set after this step's report
+
+def scale_invariant_losses(job: Job, batches: list[int], lrs: list[float]) -> list[float]:
+    """The single-process losses of ``job`` run at these global batches and learning
+    rates, each step's samples taken by position in the sample stream (the adaptive
+    runtime's data order, :class:`~unipar.data.sampler.SampleStream`)."""
+    torch.manual_seed(job.seed)
+    model = job.model()
+    optimizer = job.build_optimizer(model.parameters())
+    dataset = job.dataset()
+    stream, position, losses = SampleStream(len(dataset), job.seed), 0, []
+    for batch, lr in zip(batches, lrs, strict=True):
+        pairs = [dataset[int(i)] for i in stream.indices(position, batch)]
+        position += batch
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = job.loss(model(torch.stack([p[0] for p in pairs])),
+                        torch.stack([p[1] for p in pairs]))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
 
 
-def test_the_runtime_runs_a_batch_set_from_outside_with_the_reference_losses(
-    ray_cluster, tmp_path
-):
-    """An adaptive job on 2 elastic workers under a size target: after step ``SET_AT`` the
-    target's batch is set (as a runner does when the scheduler decides); from the next
-    step boundary the job runs it (read from its step reports) instead of its own
-    choices, at the learning rate its rule gives (AdamW: √S), and every step's loss is
-    the single-process loss of the same samples (by position) at the same learning rate
-    (rtol 1e-5, as the adaptive parity tests)."""
-    from unipar.runtime.callbacks import Callback
-    from unipar.runtime.elastic.size_target import SizeTarget
-    from unipar.runtime.run import fit
+def test_an_adaptive_job_under_the_scheduler_runs_the_batch_it_sets(ray_cluster, tmp_path):
+    """An adaptive job (M0 8, up to 64) submitted to a scheduler (in this process, rounds
+    every 0.3 s, the unipar policy) on 2 workers: once its runner has published its
+    statistics and step times, the scheduler sets its batch; the job's step reports show
+    that it ran its own choices before and the scheduler's batches after (each one the
+    scheduler decided, from its events), at AdamW's √S learning rate, and every step's
+    loss is the single-process loss of the same samples by position at the same learning
+    rate (rtol 1e-5, as the adaptive parity tests). About 20 s: two process starts."""
+    import time
+    from pathlib import Path
+
+    from unipar.runtime.metrics import read_metrics
+    from unipar.service.client import adaptive_bounds
+    from unipar.service.scheduler import Scheduler
 
     config = MLPConfig(in_features=16, hidden=32, layers=2, out_features=4, expansion=4)
     job = Job(
         name="held", model=functools.partial(MLP, config),
         dataset=functools.partial(SlowRegression, 256, 16, 4, 0.005, 3), global_batch_size=8,
-        steps=30, optimizer=OptimizerSpec(lr=1e-2), loss=mse_loss, seed=3,
-        adaptive=AdaptiveBatch(max_global_batch=64, adapt_every=2, lr_rule=LRRule.SQRT),
+        steps=40, optimizer=OptimizerSpec(lr=1e-2), loss=mse_loss, seed=3,
+        adaptive=AdaptiveBatch(max_global_batch=64, lr_rule=LRRule.SQRT),
     )
-    target = SizeTarget(2)
-
-    class SetBatch(Callback):
-        def on_step(self, metrics, workers):  # type: ignore[no-untyped-def]
-            if metrics.step == SET_AT:
-                target.set_batch(HELD)
-
-    result = fit(job, workers=(1, 2), size_target=target, run_dir=tmp_path, progress=False,
-                 callbacks=[SetBatch()], poll_interval_s=0.1)
-    stats = [m.adapt for m in result.history]
-    batches = [s.global_batch for s in stats]
-    first = next(i for i, s in enumerate(stats) if s.held)
-    assert first > SET_AT and batches[first - 1] != HELD  # the next boundary (or one later)
-    assert all(b == HELD and s.held for b, s in zip(batches[first:], stats[first:],
-                                                    strict=True))
-    assert len(batches) > first + 1
-    base = job.optimizer.lr
-    for m in result.history:
-        assert m.lr == pytest.approx(base * math.sqrt(m.adapt.global_batch / 8), rel=1e-6)
-    # the scale-invariant reference: one process, the same samples by position, same lr
-    torch.manual_seed(job.seed)
-    model = job.model()
-    optimizer = job.build_optimizer(model.parameters())
-    dataset = job.dataset()
-    stream, position, expected = SampleStream(len(dataset), job.seed), 0, []
-    for m in result.history:
-        pairs = [dataset[int(i)] for i in stream.indices(position, m.adapt.global_batch)]
-        position += m.adapt.global_batch
-        for group in optimizer.param_groups:
-            group["lr"] = m.lr
-        loss = mse_loss(model(torch.stack([p[0] for p in pairs])),
-                        torch.stack([p[1] for p in pairs]))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        expected.append(loss.item())
-    torch.testing.assert_close(result.losses, expected, rtol=1e-5, atol=0)
+    scheduler = Scheduler(str(tmp_path), "unipar", 600.0)
+    try:
+        row = JobRow(id=0, name=job.name, user="u", priority=0, deadline=None, least=2,
+                     most=2, sizes=(2,), batch=8, steps=job.steps, state=JobState.QUEUED,
+                     submitted=time.time(), **adaptive_bounds(job))
+        blob = ray.cloudpickle.dumps((ray.cloudpickle.dumps(job), {"poll_interval_s": 0.1}))
+        job_id = scheduler.submit(row, blob)
+        began = time.monotonic()
+        while not (kept := scheduler.store.row(job_id)).state.ended:
+            assert time.monotonic() - began < 120, kept
+            scheduler.round_now()
+            time.sleep(0.3)
+        events = [text for _, text in scheduler.store.events(job_id)]
+    finally:
+        scheduler.shutdown()
+    assert kept.state is JobState.DONE, kept.error
+    decided = {int(t.split(" -> ")[1].split()[0]) for t in events if t.endswith("(goodput)")}
+    adapt = [r["adapt"] for r in read_metrics(Path(kept.run_dir) / "metrics.jsonl")]
+    held = [a["global_batch"] for a in adapt if a["held"]]
+    first = next(i for i, a in enumerate(adapt) if a["held"])
+    assert first > 0 and all(a["held"] for a in adapt[first:])  # once set, it stays set
+    assert held and set(held) <= decided, (held, decided)
+    records = read_metrics(Path(kept.run_dir) / "metrics.jsonl")
+    batches, lrs = [a["global_batch"] for a in adapt], [r["lr"] for r in records]
+    assert lrs == pytest.approx([job.optimizer.lr * math.sqrt(b / 8) for b in batches])
+    expected = scale_invariant_losses(job, batches, lrs)
+    torch.testing.assert_close([r["loss"] for r in records], expected, rtol=1e-5, atol=0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from unipar.adapt.lr import var_at_init
+from unipar.adapt.noise import NoiseEstimate
 from unipar.goodput.table import goodput_table
 from unipar.goodput.throughput import Observation, ThroughputModel, fit
 from unipar.sched.arrays import job_arrays
@@ -54,8 +55,11 @@ def goodput_view(view: JobView, row: JobRow) -> JobView:
     the pooled one: the jobs of a name pool step times of M0's progress, another unit),
     its gradient statistics, its batch bounds."""
     model = batch_model(row)
-    return replace(view, model=model, peer_model=model, grad_sqr=row.grad_sqr,
-                   grad_var=var_at_init(row.grad_var, row.batch), max_batch=row.max_batch,
+    # the published estimates are unbiased, not floored (tr(Σ) can dip below 0): floored
+    # as the job's own chooser reads them
+    noise = NoiseEstimate(sqr_avg=row.grad_sqr, var_avg=row.grad_var, weight=1.0)
+    return replace(view, model=model, peer_model=model, grad_sqr=noise.sqr,
+                   grad_var=var_at_init(noise.var, row.batch), max_batch=row.max_batch,
                    max_local=row.max_local)
 
 
