@@ -2,7 +2,8 @@
 the decision (pure), what the runner publishes and the store keeps (pure), the round that
 sends the batch to the job's runner (the session's Ray, a stand-in runner: 1-2 s), and a
 job under a scheduler that runs the batch it sets from the next step boundary with the
-losses of the scale-invariant reference (a real runner and 2 workers: 20-28 s here).
+losses of the scale-invariant reference (a real runner and 2 workers: 13 s at a load
+average of 3, 28 s at 10-12).
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def test_an_adaptive_job_under_the_scheduler_runs_the_batch_it_sets(ray_cluster,
     that it ran its own choices before and the scheduler's batches after (each one the
     scheduler decided, from its events), at AdamW's √S learning rate, and every step's
     loss is the single-process loss of the same samples by position at the same learning
-    rate (rtol 1e-5, as the adaptive parity tests). About 20 s: two process starts."""
+    rate (rtol 1e-5, as the adaptive parity tests). 13-28 s: two process starts."""
     import time
     from pathlib import Path
 
