@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from unipar.cluster import PRESETS, cluster_preset
-from unipar.ray_cluster.live import _GPU_PRESETS
+from unipar.cluster.hetero import RAY_ACCELERATOR_PRESETS as _GPU_PRESETS
 
 
 def test_h200_has_its_own_preset():
