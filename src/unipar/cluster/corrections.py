@@ -61,6 +61,8 @@ def corrected(
         kernel_overhead_s=d.kernel_overhead_s / per_op,
         sharded_op_overhead_s=d.sharded_op_overhead_s / framework,
         fsdp_unit_overhead_s=d.fsdp_unit_overhead_s / framework,
+        fsdp_step_overhead_s=d.fsdp_step_overhead_s / framework,
+        fsdp_tensor_overhead_s=d.fsdp_tensor_overhead_s / framework,
         # the optimizer's own rate, apart from the kernels' memory bandwidth
         optimizer_bandwidth=(d.optimizer_bandwidth or d.memory_bandwidth) * optimizer,
     )
