@@ -405,7 +405,6 @@ class CostModel:
                 comm=float(rank_comm_all[slowest]),
                 first_compute=float(rank_compute_all[0]),
                 stage_params=float(loads.params.max()),
-                layers=float(loads.counts.sum(axis=1).max()),
                 blocks=float((loads.counts @ self.is_block).max()),
                 param_tensors=float((loads.counts @ self.param_tensors).max()),
             )
@@ -453,15 +452,21 @@ class CostModel:
 class _RankTimes:
     """One plan's stages under its layer times: the slowest rank's compute and
     communication per micro-batch, the first rank's compute, and the largest stage's
-    parameters, layers, blocks and parameter tensors."""
+    parameters, blocks and parameter tensors."""
 
     compute: float
     comm: float
     first_compute: float
     stage_params: float
-    layers: float
     blocks: float
     param_tensors: float
+
+
+def fsdp_units(plan: Plan, ranks: _RankTimes) -> float:
+    """FSDP units of the largest stage as the runtime wraps them: each block its own,
+    plus one for the rest of each of the rank's chunks
+    (:func:`unipar.runtime.parallel.data.apply_fully_shard`)."""
+    return ranks.blocks + plan.virtual_stages
 
 
 def _fsdp_framework_time(model: CostModel, plan: Plan, ranks: _RankTimes) -> float:
@@ -475,7 +480,7 @@ def _fsdp_framework_time(model: CostModel, plan: Plan, ranks: _RankTimes) -> flo
     mesh, device = plan.mesh, model.cluster.device
     if mesh.data_replicas == 1 or (mesh.fsdp, mesh.tp, mesh.pp) == (1, 1, 1):
         return 0.0
-    units = ranks.blocks + plan.virtual_stages
+    units = fsdp_units(plan, ranks)
     passes = 3 + plan.recomputed_fraction
     per_micro = units * passes * device.fsdp_unit_overhead_s
     per_step = units * device.fsdp_step_overhead_s
@@ -541,7 +546,7 @@ def _time(model: CostModel, plan: Plan, stages: list[list[int]]) -> TimeBreakdow
         # the last micro-batch only), and an all-gather of its weights in forward and
         # backward of every micro-batch (ZeRO-3), or once per step where the gathered
         # weights are kept until the step's last backward (ZeRO-2).
-        units = ranks.layers
+        units = fsdp_units(plan, ranks)
         gathers = 2 * m if plan.reshard_after_forward else 1
         unit_bytes = grad_bytes / units
         one = model.ring(unit_bytes, mesh, MeshAxis.FSDP, reduce_scatter)
