@@ -288,6 +288,7 @@ class Rate(Enum):
     FRAMEWORK = "framework"
     INTRA_NODE = "intra-node link"
     INTER_NODE = "network"
+    LATENCY = "latency"
     OPTIMIZER = "optimizer"
 
 
