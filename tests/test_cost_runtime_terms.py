@@ -5,8 +5,7 @@ about 3 s of CPU, most of it analysing the small GPT once).
 - the runtime's distributed optimizer over dp alone is DDP's all-reduce plus one
   broadcast per parameter from its owner;
 - FSDP syncs on the last micro-batch only: what is per step does not grow with the
-  micro-batches;
-- the latency of messages is a rate group of its own, which plans spend differently.
+  micro-batches.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from unipar.models import GPT, GPTConfig
 from unipar.plan import Mesh, Plan
 from unipar.plan.collectives import Collective, owner_broadcasts_time, ring_time
 from unipar.plan.cost import CostModel
-from unipar.plan.predict import seconds_by_rate
 from unipar.plan.representation import MeshAxis
 
 CONFIG = GPTConfig(vocab_size=256, seq_len=64, hidden=64, layers=2, heads=2)
@@ -146,25 +144,3 @@ def test_the_framework_factor_scales_every_fsdp_rate():
     assert device.fsdp_tensor_overhead_s == 1e-4
     assert device.collectives is Collectives.GLOO
 
-
-
-def test_the_latency_factor_scales_messages_not_bandwidth():
-    cluster = _cpu()
-    slow = corrected(cluster, {Rate.LATENCY: 0.5, Rate.INTRA_NODE: 2.0}, runs=1)
-    assert slow.intra_node == LinkSpec(bandwidth=2e9, latency_s=2e-4)
-    assert slow.inter_node == LinkSpec(bandwidth=1e9, latency_s=2e-4)
-
-
-def test_tensor_parallelism_spends_more_of_its_step_on_latency_than_data_parallelism(profile):
-    """What lets runs tell the latency factor apart from the bandwidths: the share of a
-    plan's step that is messages' latency differs by plan."""
-    cluster = _cpu()
-
-    def latency_share(plan):
-        _, shares = seconds_by_rate(profile, plan, cluster)
-        seconds = dict(shares)
-        return seconds[Rate.LATENCY] / sum(seconds.values())
-
-    ddp = Plan(mesh=Mesh(dp=2), microbatch_size=8, num_microbatches=1)
-    tensor = Plan(mesh=Mesh(tp=2), microbatch_size=4, num_microbatches=4, sequence_parallel=True)
-    assert latency_share(tensor) > 5 * latency_share(ddp) > 0

@@ -10,13 +10,8 @@ each priced by one or two numbers of :class:`ClusterSpec`:
   rates, scaled together, so that the roofline keeps its shape);
 - ``per-op``: the fixed cost of one operation (launch, dispatch, autograd record);
 - ``framework``: the framework's own time per tensor-parallel layer and FSDP unit;
-- ``intra-node link`` and ``network``: the effective bandwidth of each link class;
-- ``latency``: the fixed cost of every message, on either link class: each collective
-  and each pipeline send is a meeting of processes, and one that waits for a peer the
-  machine has not scheduled yet (one-thread CPU workers on a shared machine) costs more
-  than the calibration's back-to-back all-reduce. Apart from the bandwidths, since
-  plans differ in it: tensor parallelism and ZeRO-3 send many small messages, data
-  parallelism a few large ones;
+- ``intra-node link`` and ``network``: the effective bandwidth of each link class (its
+  latency scaled alike);
 - ``optimizer``: the bytes per second of the optimizer step.
 
 Every time term of the cost model is one of these rates' work over the rate, so the
@@ -75,16 +70,14 @@ def corrected(
     return replace(
         base,
         device=device,
-        intra_node=_scaled(base.intra_node, f(Rate.INTRA_NODE), f(Rate.LATENCY)),
-        inter_node=_scaled(base.inter_node, f(Rate.INTER_NODE), f(Rate.LATENCY)),
+        intra_node=_scaled(base.intra_node, f(Rate.INTRA_NODE)),
+        inter_node=_scaled(base.inter_node, f(Rate.INTER_NODE)),
         corrections=Corrections(applied, runs, base, kept_apart),
     )
 
 
-def _scaled(link: LinkSpec, bandwidth: float, latency: float) -> LinkSpec:
-    """``link`` with its bandwidth times ``bandwidth`` and its message rate (one over its
-    latency) times ``latency``."""
-    return LinkSpec(bandwidth=link.bandwidth * bandwidth, latency_s=link.latency_s / latency)
+def _scaled(link: LinkSpec, factor: float) -> LinkSpec:
+    return LinkSpec(bandwidth=link.bandwidth * factor, latency_s=link.latency_s / factor)
 
 
 def scaled_times(cluster: ClusterSpec, rate: Rate, time_factor: float) -> ClusterSpec:

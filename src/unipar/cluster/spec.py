@@ -288,7 +288,6 @@ class Rate(Enum):
     FRAMEWORK = "framework"
     INTRA_NODE = "intra-node link"
     INTER_NODE = "network"
-    LATENCY = "latency"
     OPTIMIZER = "optimizer"
 
 
