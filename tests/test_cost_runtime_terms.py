@@ -136,11 +136,16 @@ def test_fsdp_per_step_terms_do_not_grow_with_micro_batches(profile, reshard):
     assert (gathers > 0) is reshard
 
 
-def test_the_framework_factor_scales_every_fsdp_rate():
+def test_the_sharding_factor_scales_every_fsdp_rate_and_the_framework_factor_none():
     rates = {"fsdp_unit_overhead_s": 1e-4, "fsdp_step_overhead_s": 1e-3}
-    cluster = _cpu(**rates, fsdp_tensor_overhead_s=2e-4)
-    device = corrected(cluster, {Rate.FRAMEWORK: 2.0}, runs=1).device
+    cluster = _cpu(**rates, fsdp_tensor_overhead_s=2e-4, sharded_op_overhead_s=1e-3)
+    device = corrected(cluster, {Rate.SHARDING: 2.0}, runs=1).device
     assert (device.fsdp_unit_overhead_s, device.fsdp_step_overhead_s) == (5e-5, 5e-4)
     assert device.fsdp_tensor_overhead_s == 1e-4
+    assert device.sharded_op_overhead_s == 1e-3
     assert device.collectives is Collectives.GLOO
+    # a slow tensor-parallel run's correction leaves FSDP's rates as calibrated
+    tensor = corrected(cluster, {Rate.FRAMEWORK: 0.25}, runs=1).device
+    assert tensor.sharded_op_overhead_s == 4e-3
+    assert (tensor.fsdp_unit_overhead_s, tensor.fsdp_step_overhead_s) == (1e-4, 1e-3)
 

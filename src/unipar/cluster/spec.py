@@ -286,6 +286,7 @@ class Rate(Enum):
     COMPUTE = "compute"
     PER_OP = "per-op"
     FRAMEWORK = "framework"
+    SHARDING = "sharding"
     INTRA_NODE = "intra-node link"
     INTER_NODE = "network"
     OPTIMIZER = "optimizer"
