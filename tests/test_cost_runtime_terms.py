@@ -5,7 +5,8 @@ about 3 s of CPU, most of it analysing the small GPT once).
 - the runtime's distributed optimizer over dp alone is DDP's all-reduce plus one
   broadcast per parameter from its owner;
 - FSDP syncs on the last micro-batch only: what is per step does not grow with the
-  micro-batches.
+  micro-batches; its hooks are per parameter and micro-batch, its unsharding per unit
+  and all-gather.
 """
 
 from __future__ import annotations
@@ -130,18 +131,23 @@ def test_fsdp_per_step_terms_do_not_grow_with_micro_batches(profile, reshard):
     assert framework(step_only, one) == pytest.approx(units * 1e-3 + tensors * 1e-4)
     assert framework(step_only, four) == pytest.approx(framework(step_only, one))
     assert framework(hooks_only, four) == pytest.approx(4 * framework(hooks_only, one))
-    assert framework(hooks_only, one) == pytest.approx(units * 3 * 1e-4)
+    assert framework(hooks_only, one) == pytest.approx(tensors * 3 * 1e-4)
     # the collectives: ZeRO-2 gathers once a step, ZeRO-3 twice per micro-batch
     gathers = _time(profile, bare, four).grad_sync_s - _time(profile, bare, one).grad_sync_s
     assert (gathers > 0) is reshard
+    # and so does the unsharding each all-gather costs the framework, per unit
+    unshard = _cpu(fsdp_gather_overhead_s=1e-3)
+    assert framework(unshard, one) == pytest.approx(units * (2 if reshard else 1) * 1e-3)
+    assert framework(unshard, four) == pytest.approx(units * (8 if reshard else 1) * 1e-3)
 
 
 def test_the_sharding_factor_scales_every_fsdp_rate_and_the_framework_factor_none():
     rates = {"fsdp_unit_overhead_s": 1e-4, "fsdp_step_overhead_s": 1e-3}
     cluster = _cpu(**rates, fsdp_tensor_overhead_s=2e-4, sharded_op_overhead_s=1e-3)
+    cluster = replace(cluster, device=replace(cluster.device, fsdp_gather_overhead_s=4e-4))
     device = corrected(cluster, {Rate.SHARDING: 2.0}, runs=1).device
     assert (device.fsdp_unit_overhead_s, device.fsdp_step_overhead_s) == (5e-5, 5e-4)
-    assert device.fsdp_tensor_overhead_s == 1e-4
+    assert (device.fsdp_tensor_overhead_s, device.fsdp_gather_overhead_s) == (1e-4, 2e-4)
     assert device.sharded_op_overhead_s == 1e-3
     assert device.collectives is Collectives.GLOO
     # a slow tensor-parallel run's correction leaves FSDP's rates as calibrated

@@ -113,7 +113,7 @@ def calibrated_cpu_cluster(
     return ClusterSpec("cpu", nodes, devices_per_node, device, link, link, machine=where)
 
 
-_CACHE_VERSION = 12
+_CACHE_VERSION = 13
 MAX_AGE_S = 30 * 24 * 3600  # clocks, kernels and neighbours drift: measure monthly
 
 
@@ -232,6 +232,7 @@ def _measure() -> tuple[DeviceSpec, LinkSpec]:
         fsdp_unit_overhead_s=group["fsdp_unit_overhead_s"],
         fsdp_step_overhead_s=group["fsdp_step_overhead_s"],
         fsdp_tensor_overhead_s=group["fsdp_tensor_overhead_s"],
+        fsdp_gather_overhead_s=group["fsdp_gather_overhead_s"],
         collectives=Collectives.GLOO,
         overlaps_communication=False,
     )

@@ -67,6 +67,7 @@ def corrected(
         fsdp_unit_overhead_s=d.fsdp_unit_overhead_s / sharding,
         fsdp_step_overhead_s=d.fsdp_step_overhead_s / sharding,
         fsdp_tensor_overhead_s=d.fsdp_tensor_overhead_s / sharding,
+        fsdp_gather_overhead_s=d.fsdp_gather_overhead_s / sharding,
         # the optimizer's own rate, apart from the kernels' memory bandwidth
         optimizer_bandwidth=(d.optimizer_bandwidth or d.memory_bandwidth) * optimizer,
     )

@@ -79,13 +79,16 @@ class DeviceSpec:
     small operations reach less of the peak: an op of ``f`` FLOPs takes
     ``f / (peak * gemm_efficiency) + kernel_overhead_s``.
     ``sharded_op_overhead_s`` and ``fsdp_unit_overhead_s``: the framework's own time
-    per tensor-parallel linear layer and per FSDP unit, per pass of each micro-batch,
-    beyond arithmetic and collectives (DTensor dispatch, FSDP's hooks). FSDP's own time
+    per tensor-parallel linear layer and per parameter FSDP shards, per pass of each
+    micro-batch, beyond arithmetic and collectives (DTensor dispatch, FSDP's hooks and
+    its per-parameter bookkeeping). FSDP's own time
     once per optimizer step: ``fsdp_step_overhead_s`` per unit (its gradients copied
     into and out of the reduce-scatter's buffers) and ``fsdp_tensor_overhead_s`` per
-    sharded parameter (the optimizer's step on DTensors, dispatched tensor by tensor).
-    Measured for CPU workers; zero for GPUs, where this host-side work runs ahead of
-    the kernels and hides behind them.
+    sharded parameter (the optimizer's step on DTensors, dispatched tensor by tensor);
+    and ``fsdp_gather_overhead_s`` per unit and all-gather (unsharding it: storage,
+    views, the copy out of the gathered buffer, and freeing it again), beyond the
+    all-gather itself. Measured for CPU workers; zero for GPUs, where this host-side
+    work runs ahead of the kernels and hides behind them.
     ``overlaps_communication``: whether gradient collectives run beside the backward
     (GPUs: copy engines and spare SMs) or take the cores it needs (one-thread CPU
     workers, where gloo reduces and copies on the same cores).
@@ -111,6 +114,7 @@ class DeviceSpec:
     fsdp_unit_overhead_s: float = 0.0
     fsdp_step_overhead_s: float = 0.0
     fsdp_tensor_overhead_s: float = 0.0
+    fsdp_gather_overhead_s: float = 0.0
     optimizer_bandwidth: float | None = None  # bytes/s of the optimizer step (None: HBM)
     overlaps_communication: bool = True  # False: collectives take the cores compute needs
     attention: AttentionKernel = AttentionKernel.MATH

@@ -469,10 +469,19 @@ def fsdp_units(plan: Plan, ranks: _RankTimes) -> float:
     return ranks.blocks + plan.virtual_stages
 
 
+def fsdp_gathers(plan: Plan) -> int:
+    """All-gathers of each FSDP unit per step: in forward and backward of every
+    micro-batch (ZeRO-3), or once, the gathered weights kept until the step's last
+    backward (ZeRO-2; the runtime's ``set_reshard_after_backward(False)`` before it)."""
+    return 2 * plan.num_microbatches if plan.reshard_after_forward else 1
+
+
 def _fsdp_framework_time(model: CostModel, plan: Plan, ranks: _RankTimes) -> float:
-    """The framework's own time in FSDP units: per unit, pass and micro-batch (hooks),
-    and once per step per unit (gradients copied into and out of the reduce-scatter's
-    buffers) and per sharded parameter (the optimizer's step on DTensors). The runtime
+    """The framework's own time in FSDP units: per parameter, pass and micro-batch
+    (hooks and bookkeeping), per unit and all-gather (unsharding it), and once per
+    step per unit (gradients
+    copied into and out of the reduce-scatter's buffers) and per sharded parameter (the
+    optimizer's step on DTensors). The runtime
     makes each block a unit, plus one for the rest of each stage, uses FSDP whenever
     data parallelism meets sharding, tensor or pipeline parallelism, and syncs gradients
     on the last micro-batch only (``set_requires_gradient_sync``): what is per step is
@@ -482,10 +491,11 @@ def _fsdp_framework_time(model: CostModel, plan: Plan, ranks: _RankTimes) -> flo
         return 0.0
     units = fsdp_units(plan, ranks)
     passes = 3 + plan.recomputed_fraction
-    per_micro = units * passes * device.fsdp_unit_overhead_s
+    per_micro = ranks.param_tensors * passes * device.fsdp_unit_overhead_s
     per_step = units * device.fsdp_step_overhead_s
     per_step += ranks.param_tensors * device.fsdp_tensor_overhead_s
-    return plan.num_microbatches * per_micro + per_step
+    gathers = fsdp_gathers(plan) * units * device.fsdp_gather_overhead_s
+    return plan.num_microbatches * per_micro + per_step + gathers
 
 
 def _time(model: CostModel, plan: Plan, stages: list[list[int]]) -> TimeBreakdown:
@@ -547,10 +557,9 @@ def _time(model: CostModel, plan: Plan, stages: list[list[int]]) -> TimeBreakdow
         # backward of every micro-batch (ZeRO-3), or once per step where the gathered
         # weights are kept until the step's last backward (ZeRO-2).
         units = fsdp_units(plan, ranks)
-        gathers = 2 * m if plan.reshard_after_forward else 1
         unit_bytes = grad_bytes / units
         one = model.ring(unit_bytes, mesh, MeshAxis.FSDP, reduce_scatter)
-        one += gathers * model.ring(unit_bytes, mesh, MeshAxis.FSDP, all_gather)
+        one += fsdp_gathers(plan) * model.ring(unit_bytes, mesh, MeshAxis.FSDP, all_gather)
         sync += units * one
     passes = 3 + plan.recomputed_fraction
     overlap = device.overlaps_communication
