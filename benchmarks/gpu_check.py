@@ -4,10 +4,12 @@ strategy, and the corrections it learns from them.
 A GPT (1024 wide, 8 blocks, 512 tokens, global batch 32) trains for ``--steps`` steps
 under each strategy the GPUs allow, through ``fit`` on Ray with NCCL, one after another:
 ddp, fsdp, tp, pp (2 GPUs or more) and a hybrid of tensor and data parallelism (4 or
-more). Each run's summary compares its steady-state median step with the plan's
-prediction; each run leaves its record, so every run after the first is planned and
-predicted with the corrections the runs before it taught (as a user's runs are). At the
-end: the factors learned per cluster (``unipar calibrate --show`` lists the records).
+more); on one GPU: ddp, then 4 micro-batches without and with recompute, then ddp again
+(now predicted with what the runs before it taught). Each run's summary compares its
+steady-state median step with the plan's prediction; each run leaves its record, so
+every run after the first is planned and predicted with the corrections the runs before
+it taught (as a user's runs are). At the end: the factors learned per cluster (``unipar
+calibrate --show`` lists the records).
 
 Never run in CI: it needs CUDA GPUs, and without one prints why and exits 0.
 ``--cpu`` runs the same on 2 CPU workers (gloo, a smaller GPT) to check the script on a
@@ -32,7 +34,7 @@ import torch
 
 from unipar.job import Job, OptimizerSpec
 from unipar.models.gpt import GPT, GPTConfig
-from unipar.plan import Constraints, Plan, Strategy
+from unipar.plan import Constraints, Plan, Recompute, Strategy
 from unipar.testing import RandomTokens
 
 GPU_MODEL = GPTConfig(vocab_size=8192, seq_len=512, hidden=1024, layers=8, heads=16)
@@ -54,21 +56,30 @@ def job(config: GPTConfig, steps: int) -> Job:
 def strategies(devices: int, the_job: Job, gpu: bool) -> list[tuple[str, Plan | Strategy]]:
     """(name, plan or strategy) of each run the devices allow."""
     runs: list[tuple[str, Plan | Strategy]] = [("ddp", Strategy.DDP)]
+    if devices == 1:
+        recompute = Constraints(dp=1, microbatch_size=GLOBAL_BATCH // 4,
+                                recompute=Recompute.FULL, runtime_only=True)
+        micro = Constraints(dp=1, microbatch_size=GLOBAL_BATCH // 4,
+                            recompute=Recompute.NONE, runtime_only=True)
+        runs += [("mb4", _best(devices, the_job, gpu, micro)),
+                 ("recompute_mb4", _best(devices, the_job, gpu, recompute)),
+                 ("ddp_again", Strategy.DDP)]
     if devices >= 2:
         runs += [("fsdp", Strategy.FSDP), ("tp", Strategy.TP), ("pp", Strategy.PP)]
     if devices >= 4:
-        runs.append(("hybrid", _hybrid(devices, the_job, gpu)))
+        hybrid = Constraints(tp=2, pp=1, fsdp=1, dp=devices // 2, runtime_only=True)
+        runs.append(("hybrid", _best(devices, the_job, gpu, hybrid)))
     return runs
 
 
-def _hybrid(devices: int, the_job: Job, gpu: bool) -> Plan:
-    """Tensor parallel pairs, data parallel across them: the planner's best such plan."""
+def _best(devices: int, the_job: Job, gpu: bool, fixed: Constraints) -> Plan:
+    """The planner's best plan under ``fixed`` (e.g. tensor parallel pairs, data
+    parallel across them)."""
     from unipar.cluster import cluster_preset
     from unipar.plan.for_job import job_facts
     from unipar.plan.report import plan
 
     cluster = cluster_preset("h100-80g" if gpu else "cpu", devices_per_node=devices)
-    fixed = Constraints(tp=2, pp=1, fsdp=1, dp=devices // 2, runtime_only=True)
     facts = job_facts(the_job)
     report = plan(facts.spec, cluster, GLOBAL_BATCH, constraints=fixed, profile=facts.profile)
     return report.best.plan

@@ -72,3 +72,25 @@ def test_every_rank_stops_before_the_same_step():
     host.request_stop()
     assert alone.stop_before(6)  # alone, rank 0 stops at once
     host.close()
+
+
+def test_every_rank_takes_a_batch_set_from_outside_before_the_same_step():
+    """A global batch the controller passes on (a scheduler's) applies on every rank from
+    the same step, and two requests in quick succession are both seen, in order."""
+    host = RendezvousHost()
+    rendezvous = host.new(2, timeout_s=10)
+    import torch.distributed as dist
+
+    def client():  # type: ignore[no-untyped-def]
+        return dist.TCPStore(rendezvous.address, rendezvous.port, is_master=False)
+
+    rank0, rank1 = StopSignal(client(), 0, 2), StopSignal(client(), 1, 2)
+    assert rank0.batch_before(3) is None and rank1.batch_before(3) is None
+    host.request_batch(24)
+    assert rank1.batch_before(4) is None  # rank 1 may start step 4 before rank 0 saw it
+    assert rank0.batch_before(4) is None  # rank 0 names step 5 and runs step 4 as it was
+    host.request_batch(48)
+    assert rank0.batch_before(5) == 24  # the second named for step 6
+    assert rank1.batch_before(5) == 24 and rank1.batch_before(6) == 48  # none missed
+    assert rank0.batch_before(6) == 48 and rank0.batch_before(7) is None
+    host.close()

@@ -13,6 +13,7 @@ from unipar.cluster.hetero import (
     hetero_cluster_from_yaml,
     parse_hetero_cluster,
 )
+from unipar.cluster.spec import PRESETS, Kernels, Precision
 from unipar.errors import ConfigError, ResourceError
 from unipar.plan.hetero import (
     HeteroKind,
@@ -149,6 +150,21 @@ def test_ray_node_types_become_groups():
     ]
     with pytest.raises(ConfigError, match="'MI300X'"):
         hetero_cluster_from_nodes([{"GPU": 8, "accelerator_type:MI300X": 1}])
+    # priced as unipar's runtime trains on them: float32, eager (not the presets' bf16)
+    assert {(g.device.precision, g.device.kernels) for g in cluster.groups} == {
+        (Precision.FP32, Kernels.EAGER)
+    }
+
+
+def test_a_gpu_preset_as_unipar_trains_runs_at_its_fp32_rate():
+    """On one H100 the bf16 preset predicted 0.027 s a step of a 118M GPT that ran 0.247
+    s in float32 (benchmarks/gpu_check.py): the runtime's cluster prices float32."""
+    preset = PRESETS["h100-80g"]
+    trained = preset.as_trained_by_unipar()
+    assert (trained.device.precision, trained.device.kernels) == (Precision.FP32, Kernels.EAGER)
+    assert trained.device.peak_flops == preset.device.peak_flops_32bit
+    assert preset.device.precision is Precision.BF16  # the published runs' preset unchanged
+    assert trained.resized(2, 4).device == trained.device
 
 
 def test_cli_plans_a_mixed_cluster():

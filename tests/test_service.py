@@ -228,7 +228,7 @@ class StandInRunner:
 
         return RunnerStatus()
 
-    def set_target(self, target: int, decided: float) -> None:
+    def set_target(self, target: int, decided: float, resources=None) -> None:  # type: ignore[no-untyped-def]
         pass
 
 

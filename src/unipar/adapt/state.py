@@ -57,6 +57,9 @@ class AdaptStats:
     fit_error: float | None = None  # throughput model's RMS relative error (at choices)
     grad_sqr: float = 0.0  # smoothed unbiased |G|² (not floored; 0 before a first estimate)
     grad_var: float = 0.0  # smoothed unbiased tr(Σ) per sample (not floored)
+    micro: int = 0  # the step's micro-batch per replica ...
+    accum: int = 0  # ... and its micro-batches per replica (the shape whose time it took)
+    held: bool = False  # the batch is one set from outside (a cluster scheduler's)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class AdaptState:
     fit_error: float | None = None
     since_choice: int = 0  # steps since the last choice (or the start)
     moving: bool = True  # the last choice changed the batch (or none was made yet)
+    held: bool = False  # a batch set from outside (:meth:`hold`): no choice of its own
 
     @classmethod
     def start(cls, adaptive: AdaptiveBatch, init_batch: int, shape: BatchShape) -> AdaptState:
@@ -93,6 +97,9 @@ class AdaptState:
             fit_error=self.fit_error,
             grad_sqr=self.noise.sqr_avg / self.noise.weight if self.noise.ready else 0.0,
             grad_var=self.noise.var_avg / self.noise.weight if self.noise.ready else 0.0,
+            micro=self.shape.micro,
+            accum=self.shape.accum,
+            held=self.held,
         )
 
     def after_step(
@@ -127,7 +134,7 @@ class AdaptState:
         once there are step times and |G|² has been estimated above 0."""
         wait = min(SETTLE, adaptive.adapt_every) if self.moving else adaptive.adapt_every
         signal = self.noise.ready and self.noise.sqr_avg > 0
-        return self.since_choice >= wait and bool(self.observations) and signal
+        return not self.held and self.since_choice >= wait and bool(self.observations) and signal
 
     def choose(self, adaptive: AdaptiveBatch, max_micro: int) -> tuple[AdaptState, BatchChoice]:
         """The goodput-optimal shape on the same replicas (:func:`choose`), within
@@ -190,6 +197,18 @@ class AdaptState:
             return BatchShape(micro, accum + 1, replicas)
         return None
 
+    def hold(self, batch: int, adaptive: AdaptiveBatch, max_micro: int) -> AdaptState:
+        """The global ``batch`` set from outside (a cluster scheduler that chose it with the
+        job's workers, Pollux §3: the policy sets both), within the job's bounds, split
+        over the same replicas as :meth:`on_replicas` does; the state's own choices stop
+        (:meth:`due`). The learning rate and progress follow it by the job's rule, as they
+        follow a batch of its own choice."""
+        least = adaptive.min_global_batch or self.init_batch
+        batch = min(max(batch, least), adaptive.max_global_batch)
+        micro, accum = split_batch(batch, self.shape.replicas, max_micro)
+        shape = BatchShape(micro, accum + 1, self.shape.replicas)
+        return replace(self, shape=shape, held=True, since_choice=0, moving=shape != self.shape)
+
     def on_replicas(self, replicas: int, max_micro: int) -> AdaptState:
         """The same global batch (rounded up to a multiple of ``replicas``) on a new
         number of data replicas (an elastic resize)."""
@@ -214,4 +233,5 @@ class AdaptState:
             fit_error=data["fit_error"],
             since_choice=int(data.get("since_choice", 0)),
             moving=bool(data.get("moving", True)),
+            held=bool(data.get("held", False)),
         )

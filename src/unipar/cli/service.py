@@ -12,6 +12,19 @@ from unipar.runtime.config import parse_workers
 from unipar.sched.policies import PolicyName
 
 
+def parse_throughput(text: str) -> dict[str, float]:
+    """``--throughput``: ``a=100,b=200`` (samples per second on one worker of each node
+    type)."""
+    try:
+        return {name.strip(): float(value)
+                for name, value in (part.split("=") for part in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--throughput takes TYPE=SAMPLES_PER_S parts joined by commas (like a=100,b=200), "
+            f"not {text!r}"
+        ) from None
+
+
 def add_service_parsers(commands: argparse._SubParsersAction) -> None:
     def common(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--address", default=None,
@@ -39,6 +52,9 @@ def add_service_parsers(commands: argparse._SubParsersAction) -> None:
     submit.add_argument("--deadline", default=None,
                         help="+30m, +2h, +1d or an ISO time (2026-11-24T09:00)")
     submit.add_argument("--user", default=None, help="default: your login name")
+    submit.add_argument("--throughput", type=parse_throughput, default=None,
+                        help="on a cluster of several node types: samples/s on one worker "
+                        "of each, like a=100,b=200")
     submit.add_argument("--steps", type=int, default=None, help="override the job's steps")
     submit.set_defaults(handler=_submit)
 
@@ -87,7 +103,7 @@ def _submit(args: argparse.Namespace) -> int:
         job = dataclasses.replace(job, steps=checks.integer("--steps", args.steps, minimum=1))
     handle = client.submit(job, workers=(least, most), priority=args.priority,
                            deadline=args.deadline, user=args.user, address=args.address,
-                           state_dir=args.state_dir)
+                           state_dir=args.state_dir, throughput=args.throughput)
     print(f"unipar: submitted job {handle.id} ({job.name})")
     return 0
 

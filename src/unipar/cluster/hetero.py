@@ -175,7 +175,9 @@ def hetero_cluster_from_nodes(
 ) -> HeteroCluster:
     """Node groups from Ray nodes' resource dicts (``ray.nodes()[i]["Resources"]``):
     nodes of one accelerator type and GPU count form a group; nodes without GPUs form
-    CPU groups of ``cpu_cluster``'s device (one worker per CPU), if given."""
+    CPU groups of ``cpu_cluster``'s device (one worker per CPU), if given. GPU groups
+    are priced as unipar's runtime trains on them
+    (:meth:`~unipar.cluster.spec.ClusterSpec.as_trained_by_unipar`)."""
     shapes: dict[tuple[str, int], int] = {}
     for resources in nodes:
         gpus = int(resources.get("GPU", 0))
@@ -195,7 +197,7 @@ def hetero_cluster_from_nodes(
         shapes[key] = shapes.get(key, 0) + 1
     groups = []
     for index, ((preset, per_node), count) in enumerate(sorted(shapes.items())):
-        base = cpu_cluster if preset == "cpu" else PRESETS[preset]
+        base = cpu_cluster if preset == "cpu" else PRESETS[preset].as_trained_by_unipar()
         assert base is not None
         groups.append(NodeGroup(f"{index}:{preset}", base.resized(count, per_node)))
     return HeteroCluster(tuple(groups))

@@ -176,6 +176,16 @@ class ClusterSpec:
     def num_devices(self) -> int:
         return self.nodes * self.devices_per_node
 
+    def as_trained_by_unipar(self) -> ClusterSpec:
+        """This cluster as unipar's runtime trains on it: in float32 (no autocast; PyTorch
+        keeps TF32 off for matrix products by default, so they run at the device's FP32
+        peak) and eager (one kernel per op, no compiler), not the fused bf16 of the
+        presets' published runs. Measured on one H100 (``benchmarks/gpu_check.py``,
+        docs/planner-learning.md): a 118M-parameter GPT ran 0.247 s a step where the
+        bf16 preset predicted 0.027 s."""
+        device = replace(self.device, precision=Precision.FP32, kernels=Kernels.EAGER)
+        return replace(self, device=device)
+
     def resized(self, nodes: int, devices_per_node: int | None = None) -> ClusterSpec:
         """Another size of this cluster, as specified: corrections learned on one size
         are not carried to another (another size is another cluster)."""

@@ -6,23 +6,21 @@ import math
 
 import ray
 
-from unipar.cluster.hetero import hetero_cluster_from_nodes
+from unipar.cluster.hetero import RAY_ACCELERATOR_PRESETS, hetero_cluster_from_nodes
 from unipar.cluster.learned_fit import learned_cluster
 from unipar.cluster.spec import PRESETS, ClusterSpec
 from unipar.errors import ResourceError
-
-# Ray's accelerator_type resource names -> presets with that device.
-_GPU_PRESETS = {"H100": "h100-80g", "H200": "h200-141g", "A100": "a100-80g", "V100": "v100-16g"}
 
 
 def live_cluster_spec(
     workers: int, *, cpus_per_worker: float = 1.0, gpus_per_worker: float = 0.0
 ) -> ClusterSpec:
     """``workers`` devices of the connected Ray cluster, as many per node as its largest
-    node holds. GPUs take the preset of their type (Ray's ``accelerator_type``); CPU
-    workers are this machine's CPU, calibrated once and cached. Either is corrected by
-    what earlier runs on the same cluster measured
-    (:func:`~unipar.cluster.learned_fit.learned_cluster`)."""
+    node holds. GPUs take the preset of their type (Ray's ``accelerator_type``) as
+    unipar's runtime trains on it (float32, eager:
+    :meth:`~unipar.cluster.spec.ClusterSpec.as_trained_by_unipar`); CPU workers are this
+    machine's CPU, calibrated once and cached. Either is corrected by what earlier runs
+    on the same cluster measured (:func:`~unipar.cluster.learned_fit.learned_cluster`)."""
     return learned_cluster(_specified(workers, cpus_per_worker, gpus_per_worker))
 
 
@@ -41,8 +39,9 @@ def _specified(workers: int, cpus_per_worker: float, gpus_per_worker: float) -> 
     node_count = math.ceil(workers / devices_per_node)
     if gpus_per_worker > 0:
         types = {k.split(":", 1)[1] for r in nodes for k in r if k.startswith("accelerator_type:")}
-        name = next((_GPU_PRESETS[t] for t in sorted(types) if t in _GPU_PRESETS), "a100-80g")
-        return PRESETS[name].resized(node_count, devices_per_node)
+        known = [RAY_ACCELERATOR_PRESETS[t] for t in sorted(types) if t in RAY_ACCELERATOR_PRESETS]
+        preset = PRESETS[known[0] if known else "a100-80g"]
+        return preset.as_trained_by_unipar().resized(node_count, devices_per_node)
     # measuring the CPU needs torch, which a GPU cluster's spec does without
     from unipar.cluster.calibrate import calibrated_cpu_cluster  # noqa: PLC0415 (heavy: torch)
 

@@ -54,9 +54,13 @@ def constructor_error(error: BaseException) -> str | None:
     return [line for line in text.splitlines() if line.strip()][-1].strip()
 
 
-def describe_process() -> tuple[int, str, str]:
-    """(process id, node IP, Ray node id) of the calling actor: its ``describe()``."""
-    return os.getpid(), ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
+def describe_process() -> tuple[int, str, str, dict[str, float]]:
+    """(process id, node IP, Ray node id, the resources Ray assigned it) of the calling
+    actor: its ``describe()``. The resources are what Ray reserved for this very process
+    (``{"CPU": 1.0, "unipar_type_b": 1.0}``), not what it was asked for."""
+    context = ray.get_runtime_context()
+    assigned = {name: float(amount) for name, amount in context.get_assigned_resources().items()}
+    return os.getpid(), ray.util.get_node_ip_address(), context.get_node_id(), assigned
 
 
 @dataclass
@@ -67,7 +71,12 @@ class Member:
     pid: int
     node_ip: str
     node_id: str
+    resources: dict[str, float] = field(default_factory=dict)  # what Ray assigned it
     joined_at: float = field(default_factory=time.monotonic)
+
+    def holds(self, resources: dict[str, float]) -> bool:
+        """Whether Ray assigned this member at least ``resources`` (a node type's)."""
+        return all(self.resources.get(name, 0.0) >= amount for name, amount in resources.items())
 
 
 class Stream:
@@ -106,8 +115,7 @@ def describe_each(actors: Sequence[Any], timeout_s: float) -> list[Member | str]
     members: list[Member | str] = []
     for actor, ref in zip(actors, refs, strict=True):
         try:
-            pid, node_ip, node_id = ray.get(ref, timeout=0)
-            members.append(Member(actor, pid, node_ip, node_id))
+            members.append(Member(actor, *ray.get(ref, timeout=0)))
         except GetTimeoutError:
             ray.kill(actor, no_restart=True)
             members.append(f"it did not start within {timeout_s:.0f} s")

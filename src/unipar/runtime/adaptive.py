@@ -316,6 +316,13 @@ class AdaptiveStep:
             sample = None  # a diverged step says nothing of the noise
         self._sample = sample
 
+    def hold(self, batch: int) -> None:
+        """Run global ``batch`` from the next step on, set from outside (the shared
+        cluster's scheduler, :meth:`AdaptState.hold`), instead of the job's own choices;
+        called on every rank before the same step."""
+        if not self.fixed:
+            self.state = self.state.hold(batch, self.adaptive, self.max_micro)
+
     # -- the step's end ----------------------------------------------------------------
 
     def finish(self, step: int, seconds: float) -> AdaptStats:

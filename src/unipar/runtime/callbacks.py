@@ -8,7 +8,7 @@ subclass :class:`Callback` without loading the runtime.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,6 +23,8 @@ class WorkerInfo:
     pid: int
     node_ip: str
     node_id: str
+    # what Ray assigned its process ({"CPU": 1.0, "unipar_type_b": 1.0}): where it runs
+    resources: dict[str, float] = field(default_factory=dict)
 
 
 class WorkerLost(Exception):

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from unipar.ray_cluster.session import start_ray
 from unipar.runtime.config import RunConfig, submit_fields, worker_range
 from unipar.sched.policies import PolicyName
 from unipar.service.decide import worker_sizes
+from unipar.service.node_types import check_throughput, typed_cluster
 from unipar.service.scheduler import NAMESPACE, SCHEDULER_NAME, Scheduler, cluster_slots, head
 from unipar.service.state import JobRow, JobState
 
@@ -227,11 +229,17 @@ def submit(
     priority: int = 0,
     deadline: str | float | None = None,
     user: str | None = None,
+    throughput: Mapping[str, float] | None = None,
     address: str | None = None,
     state_dir: str | Path | None = None,
     **fit_options: Any,
 ) -> JobHandle:
-    """Queue ``job`` on the shared cluster; the scheduler sizes it within ``workers``."""
+    """Queue ``job`` on the shared cluster; the scheduler sizes it within ``workers``.
+
+    ``throughput``: on a cluster of several node types (:mod:`unipar.service.node_types`),
+    the job's samples per second on one worker of each type, such as ``{"a": 100.0,
+    "b": 200.0}`` (type ``b`` twice as fast for it): the scheduler places it by them until
+    it has measured its own speed there."""
     # the shared cluster's commands (jobs, logs, cancel) run without torch, which a Job needs
     from unipar.job import Job  # noqa: PLC0415 (heavy: torch)
 
@@ -244,6 +252,8 @@ def submit(
     _preflight(job, least, most, fit_options)
     connect(address, Path(state_dir) if state_dir else None)
     actor = scheduler()
+    types = typed_cluster(ray.nodes())
+    declared = check_throughput(job.name, throughput, types.type_names if types else ())
     slots = cluster_slots()
     if sizes[0] > slots:
         raise ResourceError(
@@ -253,7 +263,8 @@ def submit(
     row = JobRow(
         id=0, name=job.name, user=user or getpass.getuser(), priority=priority, deadline=when,
         least=least, most=most, sizes=sizes, batch=job.global_batch_size, steps=job.steps,
-        state=JobState.QUEUED, submitted=time.time(),
+        state=JobState.QUEUED, submitted=time.time(), throughput=declared,
+        **adaptive_bounds(job),
     )
     blob = ray.cloudpickle.dumps((ray.cloudpickle.dumps(job), fit_options))
     return JobHandle(call(actor.submit.remote(row, blob)))
@@ -274,6 +285,16 @@ def _preflight(job: Job, least: int, most: int, fit_options: dict[str, Any]) -> 
     preflight(job, RunConfig(workers=(least, most), **fit_options))
 
 
+def adaptive_bounds(job: Job) -> dict[str, int]:
+    """An adaptive job's largest global batch and micro-batch per worker, as its store
+    row holds them (none for a fixed batch)."""
+    adaptive = job.adaptive
+    if adaptive is None:
+        return {}
+    return {"max_batch": adaptive.max_global_batch,
+            "max_local": adaptive.max_local_batch or adaptive.max_global_batch}
+
+
 def jobs() -> list[JobRow]:
     return call(scheduler().jobs.remote())
 
@@ -292,6 +313,16 @@ def _batch(row: JobRow) -> str:
     return str(now) if now == row.batch else f"{now} (M0 {row.batch})"
 
 
+def _where(row: JobRow) -> str:
+    """On a cluster of several node types: the type its workers hold, and the one they
+    move to (`` on b``, `` on b->a``)."""
+    if not row.gpu_type:
+        return ""
+    if row.held_type in ("", row.gpu_type):
+        return f" on {row.gpu_type}"
+    return f" on {row.held_type}->{row.gpu_type}"
+
+
 def format_jobs(rows: list[JobRow]) -> str:
     """The ``unipar jobs`` table."""
     header = ("JOB", "NAME", "USER", "STATE", "WORKERS", "BATCH", "GOODPUT", "PROGRESS", "ETA")
@@ -300,7 +331,7 @@ def format_jobs(rows: list[JobRow]) -> str:
         eta = r.eta_s
         lines.append((
             str(r.id), r.name, r.user, r.state.value,
-            f"{r.workers}/{r.target}" if r.state is JobState.RUNNING else "-",
+            f"{r.workers}/{r.target}{_where(r)}" if r.state is JobState.RUNNING else "-",
             _batch(r), f"{r.goodput:.1f}/s" if r.steps_per_s else "-",
             f"{r.step}/{r.steps} ({100 * r.step / max(r.steps, 1):.0f}%)",
             "-" if eta is None else f"{eta:.0f}s",

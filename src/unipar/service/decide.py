@@ -5,10 +5,11 @@ Workers stand for the policy's GPUs (one Ray worker of ``cpus_per_worker`` CPUs 
 one node of ``slots`` workers: Ray places the workers. Each job's throughput model is
 fitted (:func:`unipar.goodput.throughput.fit`, Pollux §3.2) on the mean seconds per step of
 batch M0's progress it reported at each size (:mod:`unipar.service.ledger`). For an
-adaptive job, whose runtime picks its batch and learning rate at each size from its own
-gradient statistics, that is its measured goodput, statistical efficiency included; so the
-policy is given efficiency 1 (``grad_sqr=1, grad_var=0``) lest it count efficiency twice,
-and its batch choice is not applied (the runtime's is). The policy's counts are then
+adaptive job that has not yet reported its gradient statistics, that is its measured
+goodput, statistical efficiency included; so the policy is given efficiency 1
+(``grad_sqr=1, grad_var=0``) lest it count efficiency twice. Once it has, the policy sees
+its statistics and a model fitted on the batches it ran, and chooses its workers and
+batch together (:mod:`unipar.service.decide_batch`). The policy's counts are then
 fitted to what a job can run on: a size its plan takes (``sizes``), at least its minimum
 for a running job, at most its present size for a running job (grows come next), and the
 workers left idle handed out shortest remaining time first, to a job starting up to its
@@ -29,6 +30,7 @@ from unipar.goodput.throughput import Observation, ThroughputModel, fit
 from unipar.sched.autoscale import useful_gpus
 from unipar.sched.cluster import Cluster
 from unipar.sched.policy import Allocation, JobView, Policy, RoundState
+from unipar.service.decide_batch import batch_for, goodput_view, reported_goodput
 from unipar.service.state import JobRow, JobState
 
 PRIORITY_S = 86_400.0  # a priority of N queues a job as if submitted N days earlier
@@ -73,23 +75,27 @@ def worker_sizes(least: int, most: int, batch: int) -> tuple[int, ...]:
     return sizes
 
 
-def observations(row: JobRow) -> list[Observation]:
-    """The mean seconds per step of M0's progress at each size the job ran at."""
+def observations(row: JobRow, gpu_type: str | None = None) -> list[Observation]:
+    """The mean seconds per step of M0's progress at each size the job ran at (on workers
+    of node type ``gpu_type``; ``None``: on any)."""
+    times = (row.step_times if gpu_type is None
+             else (row.typed_step_times or {}).get(gpu_type)) or {}
     return [
         Observation(nodes=1, replicas=k, local_bsz=row.batch / k, step_time=sec / n,
                     sync_time=0.0)
-        for k, (n, sec) in sorted((row.step_times or {}).items())
+        for k, (n, sec) in sorted(times.items())
         if n > 0
     ]
 
 
-def _model(rows: Sequence[JobRow]) -> ThroughputModel | None:
-    """Pollux's model fitted on the jobs' step times. With a fixed global batch one
+def fitted_model(rows: Sequence[JobRow], gpu_type: str | None = None) -> ThroughputModel | None:
+    """Pollux's model fitted on the jobs' step times (on node type ``gpu_type``; ``None``:
+    on any). With a fixed global batch one
     worker always runs the whole batch, so Pollux's compute line (fitted on single-worker
     steps) would see one per-worker batch only; once sizes differ, the line
     T = α + β·m is fitted over every size's per-worker batch m = M/k instead (least
     squares, α, β ≥ 0; synchronisation folded into it)."""
-    seen = [o for r in rows for o in observations(r)]
+    seen = [o for r in rows for o in observations(r, gpu_type)]
     if len({o.local_bsz for o in seen}) < 2:
         return fit(seen) if seen else None
     m = np.array([o.local_bsz for o in seen])
@@ -105,7 +111,7 @@ def _model(rows: Sequence[JobRow]) -> ThroughputModel | None:
 def job_view(row: JobRow, now: float, peers: Sequence[JobRow]) -> JobView:
     """``row`` as the policy sees it; ``peers``: jobs of the same name (application)."""
     running = row.state is JobState.RUNNING and row.target > 0
-    return JobView(
+    view = JobView(
         name=str(row.id),
         submit_time=row.submitted - PRIORITY_S * row.priority,
         requested_replicas=max(row.sizes),
@@ -121,15 +127,30 @@ def job_view(row: JobRow, now: float, peers: Sequence[JobRow]) -> JobView:
         max_replicas_seen=row.max_seen,
         allocation=Allocation(((0, row.target),), max(1, row.batch // row.target))
         if running else None,
-        model=_model([row]),
+        model=fitted_model([row]),
         grad_sqr=1.0,
         grad_var=0.0,
         user=row.user,
-        peer_model=_model(peers),
+        peer_model=fitted_model(peers),
         peer_max_replicas=max((p.max_seen for p in peers), default=0),
         deadline=row.deadline,
         remaining_progress=float(row.steps - row.step),
     )
+    return goodput_view(view, row) if reported_goodput(row) else view
+
+
+def decided_batches(rows: Sequence[JobRow], counts: dict[int, int], now: float,
+                    slots: int) -> dict[int, int]:
+    """The global batch of each adaptive job that reported its goodput and runs on
+    ``counts[id]`` workers: the policy's best at that count (:func:`batch_for`)."""
+    out = {}
+    for r in rows:
+        if counts.get(r.id, 0) > 0 and reported_goodput(r):
+            peers = [p for p in rows if p.name == r.name]
+            batch = batch_for(job_view(r, now, peers), counts[r.id], slots)
+            if batch:
+                out[r.id] = batch
+    return out
 
 
 def _measured(row: JobRow) -> dict[int, float]:
@@ -148,7 +169,7 @@ def step_time(row: JobRow, workers: int) -> float | None:
     if len(seen) == 1:
         (k, t), = seen.items()
         return t * k / workers
-    model = _model([row])
+    model = fitted_model([row])
     if model is None:
         return None
     return float(model.iter_time(1, workers, row.batch / workers))
@@ -192,7 +213,7 @@ def srpt_order(rows: Sequence[JobRow]) -> list[JobRow]:
     return sorted(rows, key=lambda r: (left(r), r.steps - r.step))
 
 
-def _down_to(sizes: Sequence[int], count: int) -> int:
+def down_to(sizes: Sequence[int], count: int) -> int:
     """The largest size up to ``count`` (0 when none)."""
     return max((s for s in sizes if s <= count), default=0)
 
@@ -225,14 +246,14 @@ def targets(
     free = slots
     for r in order:  # running jobs first, then the queue in order
         sizes = usable[r.id]
-        count = _down_to(sizes, wanted.get(r.id, 0))
+        count = down_to(sizes, wanted.get(r.id, 0))
         if r.target == 0 and wanted.get(r.id, 0) > 0 and sizes:  # started: its least size
             count = max(count, sizes[0])
         if r.target > 0:  # a running job keeps at least its least size
             count = max(count, sizes[0] if sizes else r.target)
             count = min(count, r.target)  # grows: below, shortest remaining first
         if count > free:
-            count = _down_to(sizes, free) if r.target > 0 else 0
+            count = down_to(sizes, free) if r.target > 0 else 0
         out[r.id] = count
         free -= count
     waiting = _make_room(order, usable, wanted, out, slots)
@@ -280,7 +301,7 @@ def _make_room(
                         key=remaining_s, reverse=True):
             if need <= 0:
                 break
-            smaller = max(_down_to(usable[j.id], shrunk[j.id] - need), usable[j.id][0])
+            smaller = max(down_to(usable[j.id], shrunk[j.id] - need), usable[j.id][0])
             need -= shrunk[j.id] - smaller
             shrunk[j.id] = smaller
         if need > 0:
@@ -300,5 +321,5 @@ def useful_workers(rows: Sequence[JobRow], now: float, max_workers: int) -> int:
         return 0
     views = [job_view(r, now, [p for p in rows if p.name == r.name]) for r in live]
     useful = useful_gpus(views, max_workers, max_workers)
-    return int(sum(_down_to(r.sizes, int(k)) or r.sizes[0] for r, k in zip(live, useful,
+    return int(sum(down_to(r.sizes, int(k)) or r.sizes[0] for r, k in zip(live, useful,
                                                                          strict=True)))

@@ -36,6 +36,18 @@ class RunnerStatus:
     # workers start meanwhile), and seconds without a step while the gang re-formed
     grow_latency_s: list[float] = field(default_factory=list)
     pause_s: list[float] = field(default_factory=list)
+    # on a cluster of several node types: the type its workers hold (from the resources
+    # Ray assigned them), step_times per type, and (first step, type) at each change
+    gpu_type: str = ""
+    typed_step_times: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
+    placements: list[tuple[int, str]] = field(default_factory=list)
+    # an adaptive job's gradient statistics (smoothed |G|² and tr(Σ) per sample, as its
+    # runtime estimates them) and its optimizer steps at each shape it ran: (workers,
+    # micro-batch, micro-batches per worker) -> (steps, seconds), the step times of the
+    # batches actually run (what the scheduler fits Pollux's throughput model on)
+    grad_sqr: float = 0.0
+    grad_var: float = 0.0
+    batch_times: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
 
     def copy(self) -> RunnerStatus:
         return copy.deepcopy(self)
@@ -52,11 +64,15 @@ class StepLedger:
     last_step_at: float | None = None  # unix time the last step finished
     paused_since: float | None = None  # ... the last step before a resize
 
-    def step(self, metrics: Any, size: int) -> None:
-        """One ``StepMetrics`` on ``size`` workers."""
+    def step(self, metrics: Any, size: int, gpu_type: str = "") -> None:
+        """One ``StepMetrics`` on ``size`` workers holding node type ``gpu_type`` ("": a
+        cluster without types)."""
         s = self.status
-        if size != s.workers:
+        if size != s.workers or gpu_type != s.gpu_type:
             self.since_formed = 0
+        if gpu_type and (not s.placements or s.placements[-1][1] != gpu_type):
+            s.placements.append((metrics.step, gpu_type))
+        s.gpu_type = gpu_type
         if self.paused_since is not None:
             began = metrics.finished_at - metrics.step_time_s
             s.pause_s.append(max(0.0, began - self.paused_since))
@@ -70,6 +86,12 @@ class StepLedger:
         else:  # its stats hold the progress before it and its efficiency E = r/S
             units = adapt.efficiency * adapt.global_batch / self.batch
             s.step, s.batch = int(adapt.progress + units), adapt.global_batch
+            if adapt.grad_sqr > 0:
+                s.grad_sqr, s.grad_var = adapt.grad_sqr, adapt.grad_var
+            if self.since_formed > WARMUP_STEPS and adapt.micro > 0:
+                shape = (size, adapt.micro, adapt.accum)
+                n, sec = s.batch_times.get(shape, (0.0, 0.0))
+                s.batch_times[shape] = (n + 1, sec + metrics.step_time_s)
         self._count(size, units, metrics.step_time_s, self.since_formed > WARMUP_STEPS)
 
     def _count(self, size: int, units: float, seconds: float, timed: bool) -> None:
@@ -78,9 +100,13 @@ class StepLedger:
         if not timed or units <= 0:
             return
         s = self.status
-        n, sec = s.step_times.get(size, (0.0, 0.0))
-        n, sec = n + units, sec + seconds
-        s.step_times[size] = (n, sec)
+        tables = [s.step_times]
+        if s.gpu_type:  # and apart for its type: its present speed is that type's
+            tables.append(s.typed_step_times.setdefault(s.gpu_type, {}))
+        for table in tables:
+            n, sec = table.get(size, (0.0, 0.0))
+            table[size] = (n + units, sec + seconds)
+        n, sec = tables[-1][size]
         s.steps_per_s = n / max(sec, 1e-9)
 
     def resized(self) -> None:

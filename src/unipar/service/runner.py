@@ -24,22 +24,25 @@ from unipar.runtime.callbacks import Callback
 from unipar.runtime.elastic.size_target import SizeTarget
 from unipar.runtime.run import fit
 from unipar.service.ledger import RunnerStatus, StepLedger
+from unipar.service.node_types import type_held
 
 
 class JobRunner:
     """The Ray actor (see the module's docstring). ``job``: the pickled Job."""
 
     def __init__(self, job_id: int, job: bytes, options: dict[str, Any], run_dir: str,
-                 log_path: str, target: int, decided: float, workers: tuple[int, int]) -> None:
+                 log_path: str, target: int, decided: float, workers: tuple[int, int],
+                 resources: dict[str, float] | None = None) -> None:
         """Starts training on ``workers`` (least, most), bounded by the size target, in a
         thread: a call to start it would be owned by the scheduler that made it, and lost
         with that scheduler's process if it died before the runner's process was up (the
-        runner is detached; its creation outlives its creator)."""
+        runner is detached; its creation outlives its creator). ``resources``: what each
+        worker holds besides its CPU (its node type's, on a cluster of several)."""
         self.job_id = job_id
         self.job = ray.cloudpickle.loads(job)
         self.options = options
         self.run_dir, self.log_path = Path(run_dir), Path(log_path)
-        self.target = SizeTarget(target)
+        self.target = SizeTarget(target, resources)
         self._decided = decided  # when the scheduler chose the target in force
         self.status_ = RunnerStatus()
         self._ledger = StepLedger(self.status_, self.job.global_batch_size)
@@ -48,14 +51,18 @@ class JobRunner:
         self._thread = threading.Thread(target=self._run, args=(workers,), daemon=True)
         self._thread.start()
 
-    def set_target(self, target: int, decided: float) -> None:
-        """The scheduler's size, chosen at ``decided`` (unix seconds): the actor runs calls
-        on several threads, so an older decision that arrives late is ignored."""
+    def set_target(self, target: int, decided: float,
+                   resources: dict[str, float] | None = None, batch: int = 0) -> None:
+        """The scheduler's size (and the resources each worker holds: a change moves the
+        gang; and an adaptive job's global batch, 0: its own choice), chosen at
+        ``decided`` (unix seconds): the actor runs calls on several threads, so an older
+        decision that arrives late is ignored."""
         with self._lock:
             if decided < self._decided:
                 return
             self._decided = decided
-            self.target.set(target)
+            self.target.set(target, resources)
+            self.target.set_batch(batch or None)
             if target <= self.status_.workers:
                 self._raised_at = None
             elif self._raised_at is None:
@@ -96,14 +103,18 @@ class JobRunner:
             # steps of batch M0: an adaptive job's progress reached its steps
             self.status_.step = self.job.steps if self.job.adaptive else len(result.history)
 
-    def _on_step(self, metrics: Any, size: int) -> None:
+    def _on_step(self, metrics: Any, workers: list[Any]) -> None:
+        size = len(workers)
+        # the node type Ray placed its workers on, from what it assigned them
+        gpu_type = type_held(workers[0].resources) if workers else ""
         with self._lock:
-            self._ledger.step(metrics, size)
+            self._ledger.step(metrics, size, gpu_type)
             done = self.status_.step
         if metrics.step % max(1, self.job.steps // 10) == 0:
             at = (f"step {metrics.step + 1} ({done}/{self.job.steps} steps of M0)"
                   if self.job.adaptive else f"step {done}/{self.job.steps}")
-            self._log(f"{at} loss {metrics.loss:.4f} on {size} workers")
+            where = f" of type {gpu_type}" if gpu_type else ""
+            self._log(f"{at} loss {metrics.loss:.4f} on {size} workers{where}")
 
     def _on_resize(self, event: Any) -> None:
         with self._lock:
@@ -122,7 +133,7 @@ class _Reporter(Callback):
         self.runner = runner
 
     def on_step(self, metrics, workers):  # type: ignore[no-untyped-def]
-        self.runner._on_step(metrics, len(workers))
+        self.runner._on_step(metrics, workers)
 
     def on_resize(self, event):  # type: ignore[no-untyped-def]
         self.runner._on_resize(event)

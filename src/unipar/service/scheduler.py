@@ -7,6 +7,11 @@ workers leave at a step boundary, a growing one's join when the room is free; a 
 job starts when the policy gives it workers. It is started with ``max_restarts=-1``: if its
 process dies Ray starts it again, and the new one reads the store and adopts the runners
 still alive (they are detached and named ``unipar-job-<store token>-<id>``).
+
+On a cluster whose nodes declare node types (:mod:`unipar.service.node_types`), the
+policy's typed form decides instead (:mod:`unipar.service.decide_typed`): each job gets a
+type and a count, and a running job given another type is moved there by its runner's
+size target, which then names that type's resource.
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from unipar.errors import ConfigError
 from unipar.ray_cluster.supervisor import PROCESS_LOST, constructor_error
-from unipar.sched.policies import PolicyName, make_policy
-from unipar.service.decide import ResizeCost, targets, useful_workers
+from unipar.sched.policies import PolicyName, TypedPolicyName, make_policy, make_typed_policy
+from unipar.sched.typed_cluster import TypedCluster
+from unipar.service.decide import ResizeCost, decided_batches, targets, useful_workers
+from unipar.service.decide_typed import Placement, typed_targets
+from unipar.service.node_types import type_resource, typed_cluster
 from unipar.service.state import JobRow, JobState, Store
 
 NAMESPACE = "unipar"
@@ -45,6 +53,11 @@ class Scheduler:
         self.token = self.store.token()
         self.policy_name = PolicyName(policy)
         self.policy = make_policy(self.policy_name)
+        # on a cluster of several node types, the policy's typed form (None: it has none,
+        # and schedules the cluster as one pool)
+        typed = {n.value for n in TypedPolicyName}
+        self.typed_policy = (make_typed_policy(TypedPolicyName(policy)) if policy in typed
+                             else None)
         self.interval_s = interval_s
         self.runners: dict[int, Any] = {}
         self._polled: dict[int, float] = {}  # when each job's runner last answered
@@ -150,30 +163,52 @@ class Scheduler:
                 running = self.store.rows(JobState.RUNNING)
             statuses = self._statuses(running)
             slots = cluster_slots()
+            types = typed_cluster(ray.nodes())
             with self._lock:
                 if self._stop.is_set():
                     return
-                self._decide(statuses, slots)
+                self._decide(statuses, slots, types)
 
-    def _decide(self, statuses: dict[int, Any], slots: int) -> None:
+    def _decide(self, statuses: dict[int, Any], slots: int,
+                types: TypedCluster | None = None) -> None:
         now = time.time()
         for row in self.store.rows(JobState.RUNNING):
             if row.id in statuses:
                 self._apply(row, statuses[row.id])
         rows = self.store.rows(JobState.QUEUED, JobState.RUNNING)
-        decided = targets(self.policy, rows, slots, now, self.interval_s, self.resize_cost())
+        cost = self.resize_cost()
+        if types is not None and self.typed_policy is not None:
+            decided = typed_targets(self.typed_policy, rows, types, now, self.interval_s, cost)
+        else:
+            decided = {job_id: Placement("", count) for job_id, count in
+                       targets(self.policy, rows, slots, now, self.interval_s, cost).items()}
+        # an adaptive job's batch with its size (Pollux: the policy sets both)
+        batches = decided_batches(rows, {i: p.workers for i, p in decided.items()}, now, slots)
         for row in rows:
-            count = decided.get(row.id, 0)
+            place = decided.get(row.id, Placement("", 0))
+            count = place.workers
+            batch = batches.get(row.id, row.decided_batch)
             if row.state is JobState.QUEUED and count > 0:
                 try:
-                    self._start(row, count)
+                    self._start(row, place)
                 except Exception as error:  # this job only: the round goes on
                     self._end(row, JobState.FAILED, f"failed to start: {error}",
                               error=f"{type(error).__name__}: {error}")
-            elif row.state is JobState.RUNNING and count != row.target and count > 0:
-                self.runners[row.id].set_target.remote(count, now)
-                self.store.update(row.id, target=count)
-                self.store.event(row.id, f"size {row.target} -> {count}")
+            elif row.state is JobState.RUNNING and count > 0 and (
+                    count != row.target or place.gpu_type != row.gpu_type
+                    or batch != row.decided_batch):
+                held = {"batch": batch} if batch else {}  # an adaptive job's, once decided
+                self.runners[row.id].set_target.remote(count, now,
+                                                       type_resource(place.gpu_type), **held)
+                self.store.update(row.id, target=count, gpu_type=place.gpu_type,
+                                  decided_batch=batch)
+                if batch != row.decided_batch:
+                    self.store.event(row.id, f"batch {row.decided_batch or row.running_batch}"
+                                     f" -> {batch} on {count} workers (goodput)")
+                if count != row.target:
+                    self.store.event(row.id, f"size {row.target} -> {count}")
+                if place.gpu_type != row.gpu_type:
+                    self.store.event(row.id, f"node type {row.gpu_type} -> {place.gpu_type}")
         # room for the useful workers where the cluster lacks it; withdrawn once it does not
         # (the autoscaler then may scale down); after the sizes, which never wait on it
         useful = useful_workers(rows, now, sum(r.most for r in rows))
@@ -239,9 +274,15 @@ class Scheduler:
         self._costs[row.id] = (status.grow_latency_s, status.pause_s)
         for text in status.resizes[row.restarts:]:
             self.store.event(row.id, f"resize {text}")
+        if status.placements and status.gpu_type != row.held_type:
+            self.store.event(row.id, f"workers hold node type {status.gpu_type} from step "
+                             f"{status.placements[-1][0]}")
         self.store.update(
-            row.id, step=status.step, workers=status.workers, step_times=status.step_times,
+            row.id, grad_sqr=status.grad_sqr, grad_var=status.grad_var,
+            batch_times=status.batch_times or None,
+            step=status.step, workers=status.workers, step_times=status.step_times,
             steps_per_s=status.steps_per_s, running_batch=status.batch,
+            typed_step_times=status.typed_step_times or None, held_type=status.gpu_type,
             restarts=len(status.resizes),
             max_seen=max(row.max_seen, status.workers),
             worker_seconds=row.worker_seconds + status.workers * (now - last),
@@ -251,7 +292,7 @@ class Scheduler:
         elif status.state == "failed":
             self._end(row, JobState.FAILED, f"failed: {status.error}", error=status.error)
 
-    def _start(self, row: JobRow, count: int) -> None:
+    def _start(self, row: JobRow, place: Placement) -> None:
         # the runner trains (torch); the scheduler, and the client that reads it, do not
         from unipar.service.runner import JobRunner  # noqa: PLC0415 (heavy: torch)
 
@@ -263,17 +304,19 @@ class Scheduler:
                 ray.remote(JobRunner)
                 .options(name=row.runner, namespace=NAMESPACE, lifetime="detached",
                          num_cpus=0, max_concurrency=4, scheduling_strategy=here())
-                .remote(row.id, job, options, row.run_dir, str(log), count, time.time(),
+                .remote(row.id, job, options, row.run_dir, str(log), place.workers, time.time(),
                         # the job's whole range, not what the cluster holds now: nodes
                         # the autoscaler adds later are grown into (the target bounds it)
-                        (row.sizes[0], row.sizes[-1]))
+                        (row.sizes[0], row.sizes[-1]), type_resource(place.gpu_type))
             )
         except ActorAlreadyExistsError:  # made by a scheduler that died before recording it
             runner = ray.get_actor(row.runner, namespace=NAMESPACE)
             self.store.event(row.id, "adopted the runner a lost scheduler had started")
         self.runners[row.id] = runner
-        self.store.update(row.id, state=JobState.RUNNING, started=time.time(), target=count)
-        self.store.event(row.id, f"started on {count} workers")
+        self.store.update(row.id, state=JobState.RUNNING, started=time.time(),
+                          target=place.workers, gpu_type=place.gpu_type)
+        where = f" of node type {place.gpu_type}" if place.gpu_type else ""
+        self.store.event(row.id, f"started on {place.workers} workers{where}")
 
     def _end(self, row: JobRow, state: JobState, text: str, **changes: Any) -> None:
         runner = self.runners.pop(row.id, None)

@@ -60,6 +60,23 @@ class JobRow:
     run_dir: str = ""
     error: str = ""
     running_batch: int = 0  # the global batch it last ran (0: none reported yet)
+    # on a cluster of several node types (:mod:`unipar.service.node_types`): the job's
+    # declared samples per second on one worker of each type, the type the scheduler
+    # gives it, the one its workers hold, and its step_times per type they held
+    throughput: dict[str, float] | None = None
+    gpu_type: str = ""
+    held_type: str = ""  # the type its workers were last seen holding (Ray's assignment)
+    typed_step_times: dict[str, dict[int, tuple[float, float]]] | None = None
+    # an adaptive job (``Job.adaptive``): its largest global batch (0: a fixed batch) and
+    # micro-batch per worker, the gradient statistics it last reported (|G|², tr(Σ) per
+    # sample), its steps per shape run (:class:`~unipar.service.ledger.RunnerStatus`), and
+    # the global batch the scheduler set it with its size (0: none, its own choice)
+    max_batch: int = 0
+    max_local: int = 0
+    grad_sqr: float = 0.0
+    grad_var: float = 0.0
+    batch_times: dict[tuple[int, int, int], tuple[float, float]] | None = None
+    decided_batch: int = 0
 
     @property
     def goodput(self) -> float:
@@ -85,13 +102,36 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
 
 
+def _encode_times(value: dict[int, tuple[float, float]]) -> dict[str, list[float]]:
+    return {str(k): list(v) for k, v in value.items()}
+
+
+def _decode_times(value: dict[str, list[float]]) -> dict[int, tuple[float, float]]:
+    return {int(k): (float(v[0]), float(v[1])) for k, v in value.items()}
+
+
+def _encode_shapes(value: dict[tuple[int, ...], tuple[float, float]]) -> dict[str, list[float]]:
+    return {",".join(map(str, k)): list(v) for k, v in value.items()}
+
+
+def _decode_shapes(value: dict[str, list[float]]) -> dict[tuple[int, ...], tuple[float, float]]:
+    return {tuple(int(x) for x in k.split(",")): (float(v[0]), float(v[1]))
+            for k, v in value.items()}
+
+
 def _encode(name: str, value: Any) -> Any:
     if isinstance(value, JobState):
         return value.value
     if name == "sizes":
         return json.dumps(list(value))
     if name == "step_times":
-        return json.dumps({str(k): list(v) for k, v in value.items()}) if value else None
+        return json.dumps(_encode_times(value)) if value else None
+    if name == "typed_step_times":
+        return json.dumps({t: _encode_times(v) for t, v in value.items()}) if value else None
+    if name == "throughput":
+        return json.dumps(value) if value else None
+    if name == "batch_times":
+        return json.dumps(_encode_shapes(value)) if value else None
     return value
 
 
@@ -100,10 +140,19 @@ def _decode(name: str, value: Any) -> Any:
         return JobState(value)
     if name == "sizes":
         return tuple(json.loads(value))
+    loaded = json.loads(value) if value and name in _JSON else None
     if name == "step_times":
-        loaded = json.loads(value) if value else None
-        return {int(k): (float(v[0]), float(v[1])) for k, v in loaded.items()} if loaded else None
+        return _decode_times(loaded) if loaded else None
+    if name == "typed_step_times":
+        return {t: _decode_times(v) for t, v in loaded.items()} if loaded else None
+    if name == "throughput":
+        return {t: float(v) for t, v in loaded.items()} if loaded else None
+    if name == "batch_times":
+        return _decode_shapes(loaded) if loaded else None
     return value
+
+
+_JSON = ("step_times", "typed_step_times", "throughput", "batch_times")
 
 
 class Store:

@@ -49,8 +49,9 @@ class XGBoostActor:
         for callback in self.callbacks:
             callback.on_init(self)
 
-    def describe(self) -> tuple[int, str, str]:
-        """(process id, node IP, Ray node id): what the gang supervisor follows."""
+    def describe(self) -> tuple[int, str, str, dict[str, float]]:
+        """(process id, node IP, Ray node id, assigned resources): what the gang supervisor
+        follows."""
         return describe_process()
 
     def load(self, name: str, matrix: RayDMatrix, shard: Shard) -> int:

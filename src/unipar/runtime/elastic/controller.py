@@ -27,7 +27,11 @@ to its fixed size, back to the newest disk checkpoint, up to ``max_failures`` ti
   has its workers leave the same way, at a step boundary: no step lost;
 - **size target** (:mod:`unipar.runtime.elastic.size_target`): an outside decision (the shared
   cluster's scheduler) bounds the gang: workers past it leave as from a draining node,
-  and the gang grows only up to it.
+  and the gang grows only up to it;
+- **move**: when the size target names other resources for each worker (another node
+  type), workers that hold them start while the gang trains on, and the gang re-forms on
+  them at a step boundary, the old ones leaving as from a draining node
+  (:mod:`unipar.runtime.elastic.placement`).
 
 After each event the plan is derived again for the new size (the planner, for a
 strategy; :func:`resize_plan` for a given plan), a fresh rendezvous is handed out
@@ -74,9 +78,10 @@ from unipar.runtime.elastic.formation import (
     export_state,
     gather_forms,
 )
+from unipar.runtime.elastic.placement import WorkerPlacement
 from unipar.runtime.elastic.recovery import Recovery
 from unipar.runtime.elastic.rendezvous import RendezvousHost
-from unipar.runtime.elastic.size_target import bounded
+from unipar.runtime.elastic.size_target import SizeTarget, bounded
 from unipar.runtime.elastic.snapshot import SnapshotAssembly, SnapshotPart
 from unipar.runtime.elastic.worker import (
     ElasticWorker,
@@ -154,7 +159,11 @@ class Controller:
         self._joiners: list[Member] = []  # started workers the present gang may grow by
         self._started_joiners_at = 0.0  # when the last workers to grow by were started
         self._last_lost: WorkerLost | None = None
-        self.supervisor = Supervisor(self._make_actor, worker_needs(config))
+        self._sent_batch: int | None = None  # the batch set from outside this gang was sent
+        # the resources each new worker asks for besides its CPUs and GPUs (a node type's)
+        self.placement = WorkerPlacement(self._wanted_resources, worker_needs(config),
+                                         _JOINER_WAIT_S)
+        self.supervisor = Supervisor(self._make_actor, self.placement.needs)
 
     def _make_actor(self):  # type: ignore[no-untyped-def]
         config = self.config
@@ -163,6 +172,7 @@ class Controller:
             .options(
                 num_cpus=config.cpus_per_worker,
                 num_gpus=config.gpus_per_worker,
+                resources=dict(self.placement.placed),
                 max_restarts=0,
             )
             .remote(
@@ -187,8 +197,8 @@ class Controller:
             wanted = most if promised else max(config.least_workers, min(most, room))
             if config.progress:
                 self.bar.note(f"unipar: starting {wanted} worker{'s' * (wanted != 1)}")
-            members = self.supervisor.start(wanted, config.placement_timeout_s,
-                                            most=self._most)
+            members = self.placement.start(self.supervisor, wanted, config.placement_timeout_s,
+                                           self._most)
             members = self._at_least_min(members)
             keep = self._usable(min(len(members), self._most()))  # the target may have fallen
             self.supervisor.kill(members[keep:])
@@ -231,7 +241,8 @@ class Controller:
         config = self.config
         missing = config.least_workers - len(members)
         if missing > 0:
-            members = members + self.supervisor.start(missing, config.placement_timeout_s)
+            members = members + self.placement.start(self.supervisor, missing,
+                                                      config.placement_timeout_s, lambda: missing)
         if len(members) < config.least_workers:
             self.supervisor.kill(members)
             if self.supervisor.raised:
@@ -257,7 +268,8 @@ class Controller:
         rendezvous = self.host.new(size, config.collective_timeout_s)
         self.state.attempt = rendezvous.generation - 1
         self.workers = [
-            WorkerInfo(rank, m.pid, m.node_ip, m.node_id) for rank, m in enumerate(members)
+            WorkerInfo(rank, m.pid, m.node_ip, m.node_id, m.resources)
+            for rank, m in enumerate(members)
         ]
         forms = [
             member.actor.form.remote(
@@ -280,6 +292,8 @@ class Controller:
         every = self._snapshot_every(plan)
         self.state.trace.clear()  # only the gang that ran the traced steps sends records
         traced = steps_traced(config.trace_steps, self.job)
+        self._sent_batch = None
+        self._send_batch()  # a batch set from outside holds in every formation
         streams = [Stream(m, m.actor.train.remote(every, traced)) for m in members]
         return self._follow(streams, members)
 
@@ -362,6 +376,8 @@ class Controller:
                     elif isinstance(item, TraceBatch):
                         self.state.trace.extend(item.records)
             self._record(reports)
+            if not dead:
+                self._send_batch()
             now = time.monotonic()
             if interrupted_at is None and any(isinstance(s.result, Interrupted) for s in streams):
                 interrupted_at = now
@@ -380,8 +396,11 @@ class Controller:
             # (not while the gang pauses: nothing is decided then)
             deciding = self.recovery.follows_cluster and not dead and not stop_requested
             target = self._most() if deciding else most
-            if deciding and (now >= next_check or target != most or self.supervisor.pending):
+            moved = deciding and self.placement.changed()
+            if deciding and (now >= next_check or target != most or self.supervisor.pending
+                             or moved):
                 next_check, most = now + _CLUSTER_CHECK_S, target
+                self.placement.follow(self.supervisor, joiners)
                 leaving = on_draining_nodes(members)
                 excess = len(members) - most
                 if leaving:
@@ -390,6 +409,10 @@ class Controller:
                     self.supervisor.cancel_pending()
                     leaving = members[-excess:]
                     reason = f"size target {most}"
+                elif misplaced := self.placement.misplaced(members):
+                    if self.placement.replaced(self.supervisor, len(members) - len(misplaced),
+                                               joiners, most):
+                        leaving, reason = misplaced, f"moved to {self.placement.describe()}"
                 else:
                     joiners += self.supervisor.take_started()
                     reason = self._grow(len(members), joiners)
@@ -429,6 +452,20 @@ class Controller:
                 return "resources free"
         return ""
 
+    def _send_batch(self) -> None:
+        """An adaptive job's global batch set by the size target (a scheduler's), passed
+        to the gang when it changes (:meth:`RendezvousHost.request_batch`)."""
+        target = self.size_target
+        batch = target.batch() if isinstance(target, SizeTarget) else None
+        if batch is not None and batch != self._sent_batch and self.job.adaptive is not None:
+            self.host.request_batch(batch)
+            self._sent_batch = batch
+
+    def _wanted_resources(self) -> dict[str, float]:
+        """The resources the size target names for each worker (none without one)."""
+        target = self.size_target
+        return target.resources() if isinstance(target, SizeTarget) else {}
+
     def _lost(self, rank: int, error: BaseException) -> None:
         lost = self._last_lost = WorkerLost(rank, error)
         self.state.failures += 1
@@ -453,7 +490,9 @@ class Controller:
                 raise error
             raise UserCodeError(f"a worker raised:\n{failed[0].trace}") from None
         gone = end.dead + end.leaving
-        self.supervisor.kill(end.dead)
+        # with no loss the state comes from the pause's snapshot: members leaving free
+        # their room now, for the workers that may be started in it (a move with no room)
+        self.supervisor.kill(end.dead if end.dead else end.leaving)
         survivors = [m for m in members if m not in gone]
         if end.dead and not self.recovery.keeps_state_in_memory:
             return self._restart(survivors)

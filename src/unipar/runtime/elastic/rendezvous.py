@@ -13,6 +13,14 @@ boundary (to grow, or to let a draining node's workers leave), agreed as follows
   that rank 0 joins, directly or through its stage's peers), i.e. after rank 0 wrote
   ``stop_at``: so every rank stops before the same step ``k + 1`` and none is left
   waiting in a collective.
+
+It also carries a global batch set from outside (the shared cluster's scheduler, for an
+adaptive job), applied by every rank before the same step by the same agreement: the
+controller sets ``batch`` (a request count and the batch); rank 0, seeing a new request
+before step ``k``, writes ``batch_at/<i>`` = (``k + 1``, batch) for its ``i``-th one and
+still runs step ``k`` at the old batch; every rank reads the keys ``batch_at/0, 1, ...``
+in turn before each step and applies each from its step on. The keys are numbered, never
+overwritten, so a rank never misses one that a later request followed.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ import torch.distributed as dist
 
 _STOP = "unipar/stop"
 _STOP_AT = "unipar/stop_at"
+_BATCH = "unipar/batch"
+_BATCH_AT = "unipar/batch_at/"
 
 
 @dataclass(frozen=True)
@@ -48,10 +58,12 @@ class RendezvousHost:
     def __init__(self) -> None:
         self.generation = 0
         self._store: Any = None
+        self._batches = 0  # batch requests sent to this formation's store
 
     def new(self, world_size: int, timeout_s: float) -> Rendezvous:
         self.close()
         self.generation += 1
+        self._batches = 0
         address = _driver_address()
         self._store = dist.TCPStore(
             address,
@@ -72,6 +84,14 @@ class RendezvousHost:
             # once the server holds the key, so every rank that looks after this sees it.
             self._store.check([_STOP])
 
+    def request_batch(self, batch: int) -> None:
+        """Ask the gang to run global ``batch`` from the next step boundary they can
+        agree on (see the module's docstring)."""
+        if self._store is not None:
+            self._batches += 1
+            self._store.set(_BATCH, f"{self._batches}:{batch}")
+            self._store.check([_BATCH])
+
     def close(self) -> None:
         self._store = None  # the server closes with its last reference
 
@@ -82,6 +102,9 @@ class StopSignal:
     def __init__(self, store: Any, rank: int, world_size: int) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size
         self._stop_at: int | None = None
+        self._batch_taken = 0  # rank 0: the last batch request it gave a step
+        self._batch_keys = 0  # the next ``batch_at`` key to read
+        self._batches: list[tuple[int, int]] = []  # (first step, batch) not yet applied
 
     def stop_before(self, step: int) -> bool:
         """Whether this rank must stop before running ``step``."""
@@ -98,6 +121,27 @@ class StopSignal:
             elif self.store.check([_STOP_AT]):
                 self._stop_at = int(self.store.get(_STOP_AT))
         return self._stop_at is not None and step >= self._stop_at
+
+
+    def batch_before(self, step: int) -> int | None:
+        """The global batch this rank runs from ``step`` on, when one set from outside
+        takes effect there (None: the batch stays as it is)."""
+        if self.rank == 0 and self.store.check([_BATCH]):
+            count, batch = (int(x) for x in self.store.get(_BATCH).decode().split(":"))
+            if count > self._batch_taken:
+                self._batch_taken = count
+                at = step + (self.world_size > 1)  # alone: at once; else after one step
+                key = f"{_BATCH_AT}{self._batch_keys}"
+                self.store.set(key, f"{at}:{batch}")
+                self.store.check([key])  # held by the server before the step's collective
+        while self.store.check([f"{_BATCH_AT}{self._batch_keys}"]):
+            at, batch = (int(x) for x in
+                         self.store.get(f"{_BATCH_AT}{self._batch_keys}").decode().split(":"))
+            self._batches.append((at, batch))
+            self._batch_keys += 1
+        due = [batch for at, batch in self._batches if at <= step]
+        self._batches = [(at, batch) for at, batch in self._batches if at > step]
+        return due[-1] if due else None
 
 
 def join(rendezvous: Rendezvous, rank: int, *, backend: str, timeout_s: float) -> StopSignal:

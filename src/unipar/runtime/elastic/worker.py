@@ -87,8 +87,8 @@ class ElasticWorker:
         self.committed = 0
         _dcp()  # imported now, while the gang trains, not during a resize
 
-    def describe(self) -> tuple[int, str, str]:
-        """(process id, node IP, Ray node id) of this worker."""
+    def describe(self) -> tuple[int, str, str, dict[str, float]]:
+        """(process id, node IP, Ray node id, assigned resources) of this worker."""
         return describe_process()
 
     def form(
@@ -202,6 +202,9 @@ class ElasticWorker:
                             yield self._snapshot(step)
                         yield Paused(step)
                         return
+                    if trainer.adapt is not None and (
+                            held := signal.batch_before(step)) is not None:
+                        trainer.adapt.hold(held)  # a scheduler's, on every rank alike
                     try:
                         report = trainer.run_step(step)
                     except BaseException:
