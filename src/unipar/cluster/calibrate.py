@@ -190,7 +190,9 @@ def write_cache(path: Path, about: dict[str, object], device: DeviceSpec, link: 
         path.write_text(json.dumps(record, indent=1))
 
 
-CALIBRATION_TAKES_S = 25  # measured on 2 idle cores: 22-31 s
+# 46 s at load 0.4-1.7 on 2 cores, 55 s at 4-6 (FSDP timed at 1 and 3 micro-batches,
+# ZeRO-2 and ZeRO-3; 22-31 s on idle cores before that)
+CALIBRATION_TAKES_S = 45
 
 
 def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
