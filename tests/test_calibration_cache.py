@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from unipar.cluster.calibrate import MAX_AGE_S, cache_file, machine, read_cache, write_cache
-from unipar.cluster.spec import PRESETS
+from unipar.cluster.spec import PRESETS, Collectives
 
 
 def _measurement():
+    """A measured device as the CPU calibration writes one: gloo's collectives and
+    FSDP's rates per micro-batch and per step (each read back as written)."""
     preset = PRESETS["a100-80g"]
-    return preset.device, preset.intra_node
+    device = replace(
+        preset.device,
+        collectives=Collectives.GLOO,
+        fsdp_unit_overhead_s=1e-5,
+        fsdp_step_overhead_s=1e-3,
+        fsdp_tensor_overhead_s=2e-4,
+    )
+    return device, preset.intra_node
 
 
 def test_a_measurement_is_read_back_on_the_same_machine(tmp_path):

@@ -19,7 +19,8 @@ from unipar.cluster.spec import EAGER_SLOWDOWN
 from unipar.models import LlamaConfig, llama3_8b, llama3_405b
 from unipar.models.hf_config import hf_spec
 from unipar.plan import Constraints, Mesh, Plan, Recompute, plan, search
-from unipar.plan.cost import CostModel, ring_time
+from unipar.plan.collectives import Collective, ring_time
+from unipar.plan.cost import CostModel
 from unipar.plan.explain import trades
 from unipar.plan.presets import constraints_for
 from unipar.plan.representation import MeshAxis, Strategy
@@ -150,8 +151,9 @@ def test_context_parallel_splits_sequences_and_passes_keys_and_values(small):
 
 def test_all_gather_over_nodes_pays_a_latency_per_rank():
     cluster = cluster_preset("h100-80g", nodes=256)
-    small_group = ring_time(1e6, Mesh(fsdp=256, tp=8), MeshAxis.FSDP, cluster, fraction=1)
-    wide_group = ring_time(1e6, Mesh(fsdp=2048), MeshAxis.FSDP, cluster, fraction=1)
+    gather = Collective.ALL_GATHER
+    small_group = ring_time(1e6, Mesh(fsdp=256, tp=8), MeshAxis.FSDP, cluster, collective=gather)
+    wide_group = ring_time(1e6, Mesh(fsdp=2048), MeshAxis.FSDP, cluster, collective=gather)
     latency = cluster.inter_node.latency_s
     assert wide_group > 2047 * latency  # one ring over every rank
     assert small_group < 256 * latency + 1e6 / (cluster.inter_node.bandwidth / 8)

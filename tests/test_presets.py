@@ -15,5 +15,11 @@ def test_h200_has_its_own_preset():
 
 
 def test_every_ray_accelerator_type_names_its_own_device():
+    """Ray's type (``A100``, or ``A100-40G`` with its memory) names the preset's chip,
+    and its memory where it gives one."""
     for ray_type, preset in _GPU_PRESETS.items():
-        assert ray_type in PRESETS[preset].device.name, (ray_type, preset)
+        chip, _, memory = ray_type.partition("-")
+        device = PRESETS[preset].device
+        assert device.name.startswith(chip), (ray_type, preset)
+        if memory:
+            assert round(device.memory_gib) == int(memory.removesuffix("G")), (ray_type, preset)

@@ -69,6 +69,7 @@ class LayerProfile:
     saved_elems_replicated: float
     output_elems: float
     splittable_modules: int = 0  # nn.Linear and nn.Embedding inside: what tp splits
+    param_tensors: int = 0  # parameter tensors it owns (a tied one counts in its first layer)
     # The attention core, apart from the fields above (zero where none was seen).
     attention_matmuls: tuple[tuple[float, float, float], ...] = ()
     attention_moved_elems: float = 0.0  # memory-bound ops on scores (mask, softmax, dropout)
@@ -467,6 +468,7 @@ def _profile(sequence, recorder, hidden, tp_divisibility) -> ModelProfile:  # ty
                 splittable_modules=sum(
                     isinstance(m, (nn.Linear, nn.Embedding)) for m in module.modules()
                 ),
+                param_tensors=len(own),
                 attention_matmuls=tuple(recorder.attention.get(name, ())),
                 attention_moved_elems=s["attention_moved"],
                 attention_saved_elems=s["attention_saved"],

@@ -26,6 +26,7 @@ from unipar.cluster.run_records import cache_dir as default_cache_dir
 from unipar.cluster.spec import (
     AttentionKernel,
     ClusterSpec,
+    Collectives,
     DeviceSpec,
     Kernels,
     LinkSpec,
@@ -112,7 +113,7 @@ def calibrated_cpu_cluster(
     return ClusterSpec("cpu", nodes, devices_per_node, device, link, link, machine=where)
 
 
-_CACHE_VERSION = 11
+_CACHE_VERSION = 13
 MAX_AGE_S = 30 * 24 * 3600  # clocks, kernels and neighbours drift: measure monthly
 
 
@@ -161,6 +162,7 @@ def read_cache(
                 "precision": Precision(data["precision"]),
                 "attention": AttentionKernel(data["attention"]),
                 "kernels": Kernels(data.get("kernels", Kernels.FUSED.value)),
+                "collectives": Collectives(data["collectives"]),
             }
         )
         return device, LinkSpec(**data["link"])
@@ -175,11 +177,12 @@ def write_cache(path: Path, about: dict[str, object], device: DeviceSpec, link: 
         "device": {
             k: v
             for k, v in asdict(device).items()
-            if k not in ("precision", "attention", "kernels")
+            if k not in ("precision", "attention", "kernels", "collectives")
         },
         "precision": device.precision.value,
         "attention": device.attention.value,
         "kernels": device.kernels.value,
+        "collectives": device.collectives.value,
         "link": asdict(link),
     }
     with contextlib.suppress(OSError):  # a read-only home only costs a re-measurement
@@ -187,7 +190,9 @@ def write_cache(path: Path, about: dict[str, object], device: DeviceSpec, link: 
         path.write_text(json.dumps(record, indent=1))
 
 
-CALIBRATION_TAKES_S = 25  # measured on 2 idle cores: 22-31 s
+# 46 s at load 0.4-1.7 on 2 cores, 55 s at 4-6 (FSDP timed at 1 and 3 micro-batches,
+# ZeRO-2 and ZeRO-3; 22-31 s on idle cores before that)
+CALIBRATION_TAKES_S = 45
 
 
 def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
@@ -227,6 +232,10 @@ def _measure() -> tuple[DeviceSpec, LinkSpec]:
         precision=Precision.FP32,  # CPU training runs in float32
         sharded_op_overhead_s=group["sharded_linear_overhead_s"],
         fsdp_unit_overhead_s=group["fsdp_unit_overhead_s"],
+        fsdp_step_overhead_s=group["fsdp_step_overhead_s"],
+        fsdp_tensor_overhead_s=group["fsdp_tensor_overhead_s"],
+        fsdp_gather_overhead_s=group["fsdp_gather_overhead_s"],
+        collectives=Collectives.GLOO,
         overlaps_communication=False,
     )
     link = LinkSpec(bandwidth=group["allreduce_bandwidth"], latency_s=group["allreduce_latency_s"])

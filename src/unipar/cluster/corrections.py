@@ -9,7 +9,10 @@ each priced by one or two numbers of :class:`ClusterSpec`:
 - ``compute``: the FLOP rate and memory bandwidth of the kernels (the roofline's two
   rates, scaled together, so that the roofline keeps its shape);
 - ``per-op``: the fixed cost of one operation (launch, dispatch, autograd record);
-- ``framework``: the framework's own time per tensor-parallel layer and FSDP unit;
+- ``framework``: the framework's own time per tensor-parallel layer (DTensor dispatch);
+- ``sharding``: FSDP's own time per unit and per sharded parameter (hooks, buffers, the
+  optimizer on DTensors): another mechanism than tensor parallelism's, calibrated apart,
+  so that what runs of one teach does not move the other's;
 - ``intra-node link`` and ``network``: the effective bandwidth of each link class (its
   latency scaled alike);
 - ``optimizer``: the bytes per second of the optimizer step.
@@ -46,10 +49,11 @@ def corrected(
     def f(rate: Rate) -> float:
         return float(factors.get(rate, 1.0))
 
-    compute, per_op, framework, optimizer = (
+    compute, per_op, framework, sharding, optimizer = (
         f(Rate.COMPUTE),
         f(Rate.PER_OP),
         f(Rate.FRAMEWORK),
+        f(Rate.SHARDING),
         f(Rate.OPTIMIZER),
     )
     d = base.device
@@ -60,7 +64,10 @@ def corrected(
         memory_bandwidth=d.memory_bandwidth * compute,
         kernel_overhead_s=d.kernel_overhead_s / per_op,
         sharded_op_overhead_s=d.sharded_op_overhead_s / framework,
-        fsdp_unit_overhead_s=d.fsdp_unit_overhead_s / framework,
+        fsdp_unit_overhead_s=d.fsdp_unit_overhead_s / sharding,
+        fsdp_step_overhead_s=d.fsdp_step_overhead_s / sharding,
+        fsdp_tensor_overhead_s=d.fsdp_tensor_overhead_s / sharding,
+        fsdp_gather_overhead_s=d.fsdp_gather_overhead_s / sharding,
         # the optimizer's own rate, apart from the kernels' memory bandwidth
         optimizer_bandwidth=(d.optimizer_bandwidth or d.memory_bandwidth) * optimizer,
     )

@@ -42,6 +42,23 @@ class Kernels(Enum):
 EAGER_SLOWDOWN = 6667 / 5762
 
 
+class Collectives(Enum):
+    """The collective library the device's process groups run, where its algorithms
+    differ from the ring the cost model assumes by default.
+
+    ``nccl``: reduce-scatter and all-gather are rings moving (n-1)/n of the data per
+    device, all-reduce one of each (Thakur et al. 2005; NCCL's ring algorithms).
+    ``gloo``: PyTorch's gloo process group has no reduce-scatter of its own: it clones
+    the input, all-reduces all of it and keeps its chunk
+    (``ProcessGroupGloo::reduce_scatter_tensor_coalesced`` in torch/csrc/distributed/
+    c10d/ProcessGroupGloo.cpp), so a reduce-scatter costs a whole all-reduce; gloo's
+    broadcast is a binomial tree of ceil(log2 n) rounds, each sending the whole tensor
+    (``gloo::broadcast``, gloo/broadcast.cc)."""
+
+    NCCL = "nccl"
+    GLOO = "gloo"
+
+
 class Precision(Enum):
     """Training precision of weights and activations."""
 
@@ -62,9 +79,16 @@ class DeviceSpec:
     small operations reach less of the peak: an op of ``f`` FLOPs takes
     ``f / (peak * gemm_efficiency) + kernel_overhead_s``.
     ``sharded_op_overhead_s`` and ``fsdp_unit_overhead_s``: the framework's own time
-    per tensor-parallel linear layer and per FSDP unit, per pass, beyond arithmetic and
-    collectives (DTensor dispatch, hooks, copies). Measured for CPU workers; zero for
-    GPUs, where this host-side work runs ahead of the kernels and hides behind them.
+    per tensor-parallel linear layer and per parameter FSDP shards, per pass of each
+    micro-batch, beyond arithmetic and collectives (DTensor dispatch, FSDP's hooks and
+    its per-parameter bookkeeping). FSDP's own time
+    once per optimizer step: ``fsdp_step_overhead_s`` per unit (its gradients copied
+    into and out of the reduce-scatter's buffers) and ``fsdp_tensor_overhead_s`` per
+    sharded parameter (the optimizer's step on DTensors, dispatched tensor by tensor);
+    and ``fsdp_gather_overhead_s`` per unit and all-gather (unsharding it: storage,
+    views, the copy out of the gathered buffer, and freeing it again), beyond the
+    all-gather itself. Measured for CPU workers; zero for GPUs, where this host-side
+    work runs ahead of the kernels and hides behind them.
     ``overlaps_communication``: whether gradient collectives run beside the backward
     (GPUs: copy engines and spare SMs) or take the cores it needs (one-thread CPU
     workers, where gloo reduces and copies on the same cores).
@@ -74,6 +98,7 @@ class DeviceSpec:
     ``attention_efficiency``: the fraction of peak a fused attention kernel reaches
     (``None``: ``gemm_efficiency``).
     ``kernels``: fused or eager execution (:class:`Kernels`).
+    ``collectives``: the collective library (:class:`Collectives`).
     """
 
     name: str
@@ -87,11 +112,15 @@ class DeviceSpec:
     precision: Precision = Precision.BF16
     sharded_op_overhead_s: float = 0.0
     fsdp_unit_overhead_s: float = 0.0
+    fsdp_step_overhead_s: float = 0.0
+    fsdp_tensor_overhead_s: float = 0.0
+    fsdp_gather_overhead_s: float = 0.0
     optimizer_bandwidth: float | None = None  # bytes/s of the optimizer step (None: HBM)
     overlaps_communication: bool = True  # False: collectives take the cores compute needs
     attention: AttentionKernel = AttentionKernel.MATH
     attention_efficiency: float | None = None
     kernels: Kernels = Kernels.FUSED
+    collectives: Collectives = Collectives.NCCL
 
     @property
     def compute_slowdown(self) -> float:
@@ -271,6 +300,7 @@ class Rate(Enum):
     COMPUTE = "compute"
     PER_OP = "per-op"
     FRAMEWORK = "framework"
+    SHARDING = "sharding"
     INTRA_NODE = "intra-node link"
     INTER_NODE = "network"
     OPTIMIZER = "optimizer"

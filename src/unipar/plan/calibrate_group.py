@@ -22,8 +22,10 @@ Rank 0 prints one JSON object:
   all-reduce at 256 KiB and 4 MiB (Hockney's model, as in Thakur et al. 2005);
 - ``sharded_linear_overhead_s``: extra time of one tensor-parallel linear layer
   (DTensor column- then row-wise) per pass, beyond its arithmetic and its all-reduce;
-- ``fsdp_unit_overhead_s``: extra time per FSDP2 unit per pass (hooks, copy-in and
-  copy-out, optimizer on sharded tensors), beyond its collectives.
+- ``fsdp_unit_overhead_s``, ``fsdp_step_overhead_s``, ``fsdp_tensor_overhead_s``,
+  ``fsdp_gather_overhead_s``: FSDP2's extra time per parameter and pass of each micro-batch,
+  per unit and step, per sharded parameter and step, and per unit and all-gather,
+  beyond its collectives (:class:`FsdpOverheads`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import astuple, dataclass
 
 import torch
 import torch.distributed as dist
@@ -52,7 +55,8 @@ from unipar.cluster.calibrate import (
     measure_elementwise_bandwidth,
     measure_matmul_flops,
 )
-from unipar.cluster.spec import ClusterSpec, DeviceSpec, LinkSpec, Precision
+from unipar.cluster.spec import ClusterSpec, Collectives, DeviceSpec, LinkSpec, Precision
+from unipar.plan.collectives import Collective
 from unipar.plan.cost import ADAM_STEP_BYTES_PER_PARAM, layer_forward_time
 
 _CHAIN = 48  # tiny layers per measurement
@@ -73,17 +77,6 @@ def _median_time(fn: Callable[[], object], repeats: int = 15) -> float:
 
 def _chain() -> nn.Sequential:
     return nn.Sequential(*[nn.Linear(_WIDTH, _WIDTH) for _ in range(_CHAIN)])
-
-
-def _train_step(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def step() -> None:
-        model(x).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
 
 
 def _op_overhead() -> float:
@@ -143,20 +136,94 @@ def _sharded_linear_overhead(latency: float, bandwidth: float) -> float:
     return max(split - plain - collectives, 0.0) / (pairs * 2 * 3)
 
 
-def _fsdp_unit_overhead(latency: float, bandwidth: float) -> float:
-    """Per unit and pass, of ZeRO-3 over the group, beyond its collectives."""
+@dataclass(frozen=True)
+class FsdpOverheads:
+    """FSDP2's own time beyond arithmetic and collectives: ``tensor_pass_s`` per sharded
+    parameter, pass and micro-batch (hooks, bookkeeping); ``unit_step_s`` per unit and
+    step (gradients into and out of the reduce-scatter's buffers); ``tensor_step_s`` per
+    sharded parameter and step (the optimizer's step on DTensors); ``unit_gather_s`` per
+    unit and all-gather (unsharding and resharding it). The first per parameter, the
+    last per unit: so the chain's rates (2 parameters a unit) carried to the benchmark's
+    GPT (about 14) met its measured steps best, ZeRO-2 with 1 to 8 micro-batches within
+    -7..+2% and ZeRO-3 within -6..-23% (plan_ranking, 2026-11-26 00:05, load 1.7-2.1;
+    both per unit: -7..-28% and -14..-38%; both per parameter: +18..+23% and +30..+100%)."""
 
-    x = torch.randn(1, _WIDTH)
+    tensor_pass_s: float
+    unit_step_s: float
+    tensor_step_s: float
+    unit_gather_s: float
+
+
+def _accumulating_step(model: nn.Module, x: torch.Tensor, microbatches: int) -> Callable[[], None]:
+    """A training step of ``microbatches`` backward passes, synced on the last alone as
+    the runtime syncs an FSDP model (gradient sync off and gathered weights kept before
+    it: ``unipar.runtime.parallel.parallelize``); a plain model just accumulates."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    sharded = hasattr(model, "set_requires_gradient_sync")
+
+    def step() -> None:
+        for index in range(microbatches):
+            hold = sharded and index < microbatches - 1
+            if hold:
+                model.set_requires_gradient_sync(False)
+                model.set_reshard_after_backward(False)
+            model(x).sum().backward()
+            if hold:
+                model.set_requires_gradient_sync(True)
+                model.set_reshard_after_backward(True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _optimizer_step(model: nn.Module) -> Callable[[], None]:
+    """The optimizer's step alone, on gradients of ones."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for param in model.parameters():
+        param.grad = torch.ones_like(param)
+    return optimizer.step
+
+
+def _sharded_chain(reshard_after_forward: bool) -> nn.Module:
+    """The chain of tiny layers, each an FSDP unit over the group, and the whole."""
     model = _chain()
     for layer in model:
-        fully_shard(layer)
-    fully_shard(model)
-    sharded = _median_time(_train_step(model, x))
-    plain = _median_time(_train_step(_chain(), x))
-    # Per unit: all-gather forward and backward, reduce-scatter of the gradient.
+        fully_shard(layer, reshard_after_forward=reshard_after_forward)
+    return fully_shard(model, reshard_after_forward=reshard_after_forward)
+
+
+def _fsdp_overheads(latency: float, bandwidth: float, more: int = 3) -> FsdpOverheads:
+    """ZeRO-2 over the group (each layer a unit, the runtime's default), against the
+    plain chain: the step of 1 and of ``more`` micro-batches (the difference is per
+    micro-batch), and the optimizer's step alone (per parameter); ZeRO-3's step of one
+    micro-batch, which gathers each unit once more, less ZeRO-2's and that all-gather
+    (per unit and all-gather); the rest of ZeRO-2's one micro-batch, less the
+    collectives the cost model prices (per unit and step: one reduce-scatter and one
+    all-gather, as gloo runs them) and its one gather, is per unit and step."""
+    x = torch.randn(1, _WIDTH)
+    model, plain = _sharded_chain(False), _chain()
+    extra = {
+        m: _median_time(_accumulating_step(model, x, m))
+        - _median_time(_accumulating_step(plain, x, m))
+        for m in (1, more)
+    }
+    tensors = 2 * _CHAIN  # weight and bias
+    optimizer = _median_time(_optimizer_step(model)) - _median_time(_optimizer_step(plain))
+    tensor_step = max(optimizer, 0.0) / tensors
+    tensor_pass = max(extra[more] - extra[1], 0.0) / ((more - 1) * tensors * 3)
     unit_bytes = _WIDTH * (_WIDTH + 1) * 4
-    collectives = _CHAIN * 3 * _ring_seconds(unit_bytes, 1, latency, bandwidth)
-    return max(sharded - plain - collectives, 0.0) / (_CHAIN * 3)
+    gloo = Collectives.GLOO
+
+    def priced(kind: Collective) -> float:
+        return _ring_seconds(unit_bytes, kind.fraction(gloo), latency, bandwidth)
+
+    zero3 = _median_time(_accumulating_step(_sharded_chain(True), x, 1))
+    zero2 = _median_time(_accumulating_step(model, x, 1))
+    gather = max(zero3 - zero2 - _CHAIN * priced(Collective.ALL_GATHER), 0.0) / _CHAIN
+    collectives = _CHAIN * (priced(Collective.REDUCE_SCATTER) + priced(Collective.ALL_GATHER))
+    rest = extra[1] - collectives - _CHAIN * gather - tensors * (3 * tensor_pass + tensor_step)
+    return FsdpOverheads(tensor_pass, max(rest, 0.0) / _CHAIN, tensor_step, gather)
 
 
 def _optimizer_bandwidth(params: int = 1_000_000) -> float:
@@ -261,7 +328,8 @@ def main(rank: int, world: int, port: int) -> None:
     op_overhead = _op_overhead()
     latency, bandwidth = _allreduce_fit()
     sharded_linear = min(_sharded_linear_overhead(latency, bandwidth) for _ in range(2))
-    fsdp_unit = min(_fsdp_unit_overhead(latency, bandwidth) for _ in range(2))
+    runs = [_fsdp_overheads(latency, bandwidth) for _ in range(2)]  # noise only adds
+    fsdp = FsdpOverheads(*(min(values) for values in zip(*(astuple(r) for r in runs), strict=True)))
     slowdown = _sustained_slowdown(arithmetic, op_overhead)
     dist.destroy_process_group()
     if rank == 0:
@@ -273,7 +341,10 @@ def main(rank: int, world: int, port: int) -> None:
                     "allreduce_latency_s": latency,
                     "allreduce_bandwidth": bandwidth,
                     "sharded_linear_overhead_s": sharded_linear,
-                    "fsdp_unit_overhead_s": fsdp_unit,
+                    "fsdp_unit_overhead_s": fsdp.tensor_pass_s,
+                    "fsdp_step_overhead_s": fsdp.unit_step_s,
+                    "fsdp_tensor_overhead_s": fsdp.tensor_step_s,
+                    "fsdp_gather_overhead_s": fsdp.unit_gather_s,
                     "sustained_slowdown": slowdown,
                 }
             ),

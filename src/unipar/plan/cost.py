@@ -5,10 +5,8 @@ Sources of the formulas:
 - compute: FLOPs over peak x GEMM efficiency, plus a fixed cost per op; memory-bound ops
   as bytes over memory bandwidth (the roofline model, Williams et al. 2009);
 - backward = 2 x forward; full recompute adds one forward (Narayanan et al. 2021, Sec. 5.1);
-- collectives: ring all-reduce moves 2(n-1)/n of the data per device, reduce-scatter and
-  all-gather (n-1)/n each, with one latency per ring step (Thakur et al. 2005); groups that
-  span nodes reduce within the node first, so the network carries 1/g of the data per
-  device (hierarchical all-reduce, as NCCL does);
+- collectives: alpha-beta rings, hierarchical over nodes, as the device's collective
+  library runs them (:mod:`unipar.plan.collectives`);
 - tensor parallel: 2 all-reduces of the layer output per transformer block in forward and
   2 in backward (Shoeybi et al. 2019, Fig. 4); pipeline sends are scattered over the tp
   ranks (Narayanan et al. 2021, Sec. 4.1);
@@ -20,8 +18,6 @@ Sources of the formulas:
 - data-parallel gradient sync overlaps with the backward of the last microbatch where the
   device computes and communicates at once (GPUs; not one-thread CPU workers) (DDP's
   bucketed all-reduce, Li et al. 2020);
-- all-gather and reduce-scatter across nodes run as one ring over all ranks (NCCL has no
-  tree for them): the latency term grows with the ranks, (n-1) inter-node hops;
 - attention as the device runs it: the math path materialises and stores the scores; a
   flash kernel stores none, computes half the scores under a causal mask, and in
   backward recomputes them (5 products against the forward's 2: 2.5x the forward)
@@ -41,19 +37,31 @@ Sources of the formulas:
   compute time (torchtitan's eager and compiled runs of one plan; ``Kernels``);
 - a distributed optimizer (ZeRO-1) shards the optimizer state over dp x cp and turns the
   gradient all-reduce into a reduce-scatter and an all-gather of the weights
-  (Rajbhandari et al. 2020; Megatron-LM's distributed optimizer).
+  (Rajbhandari et al. 2020; Megatron-LM's distributed optimizer); over dp alone it is
+  the runtime's, which all-reduces the gradients as DDP does and then broadcasts each
+  parameter from the rank that updated it
+  (:mod:`unipar.runtime.parallel.distributed_optimizer`);
+- FSDP under gradient accumulation syncs on the last micro-batch only (one
+  reduce-scatter per unit and step; ZeRO-2 keeps the gathered weights until then), as
+  the runtime does (``set_requires_gradient_sync``); the framework's own time is per
+  unit and micro-batch (hooks) and per step (buffers, the optimizer on DTensors).
 """
 
 from __future__ import annotations
 
-import functools
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from unipar.analysis.profile import LayerKind, LayerProfile, ModelProfile
-from unipar.cluster.spec import AttentionKernel, ClusterSpec, LinkSpec
+from unipar.cluster.spec import AttentionKernel, ClusterSpec
+from unipar.plan.collectives import (
+    Axes,
+    Collective,
+    group_span,
+    owner_broadcasts_time,
+    ring_time,
+)
 from unipar.plan.memory import (
     MemoryBreakdown,
     MemoryTerms,
@@ -75,13 +83,7 @@ from unipar.plan.representation import (
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's default bucket_cap_mb
 ADAM_STEP_BYTES_PER_PARAM = 30  # read weights, grads, master, m, v; write weights, master, m, v
-_AXIS_ORDER = (MeshAxis.TP, MeshAxis.CP, MeshAxis.FSDP, MeshAxis.DP, MeshAxis.PP)  # innermost first
 FLASH_BACKWARD = 2.5  # flash backward: 5 products (scores recomputed) against 2 forward
-Axes = MeshAxis | tuple[MeshAxis, ...]  # one axis, or neighbouring axes as one group
-
-
-def _axes(axis: Axes) -> tuple[MeshAxis, ...]:
-    return axis if isinstance(axis, tuple) else (axis,)
 
 
 @dataclass(frozen=True)
@@ -115,54 +117,6 @@ class Estimate:
     @property
     def step_time_s(self) -> float:
         return self.time.total_s
-
-
-@functools.lru_cache(maxsize=4096)
-def group_span(mesh: Mesh, axis: Axes, devices_per_node: int) -> tuple[int, int]:
-    """(devices of one group on one node, nodes the group spans) for a mesh axis, with
-    axes laid out innermost first in the order tp, cp, fsdp, dp, pp. ``axis`` may be
-    neighbouring axes together (``(CP, DP)``: one group over both)."""
-    names = _axes(axis)
-    size = math.prod(mesh.size(a) for a in names)
-    first = min(_AXIS_ORDER.index(a) for a in names)
-    stride = math.prod(mesh.size(a) for a in _AXIS_ORDER[:first])
-    per_node = 1 if stride >= devices_per_node else max(1, min(size, devices_per_node // stride))
-    return per_node, math.ceil(size / per_node)
-
-
-def ring_time(
-    nbytes: float, mesh: Mesh, axis: Axes, cluster: ClusterSpec, *, fraction: float
-) -> float:
-    """One collective over ``axis``: ``fraction`` is 2 for all-reduce, 1 for reduce-scatter
-    or all-gather (times (n-1)/n of the data per device, per level). All-reduce is
-    hierarchical (within nodes, then across); an all-gather or reduce-scatter that spans
-    nodes is one ring over all its ranks, whose n-1 steps each pay the network's
-    latency."""
-    size = math.prod(mesh.size(a) for a in _axes(axis))
-    if size == 1 or nbytes == 0:
-        return 0.0
-    per_node, nodes = group_span(mesh, axis, cluster.devices_per_node)
-    flat_ring = fraction == 1 and nodes > 1
-    time = 0.0
-    if per_node > 1:
-        time += _ring_level(nbytes, per_node, cluster.intra_node, 1.0, fraction, not flat_ring)
-    if nodes > 1:
-        # The node's network is shared by all its devices: each of them (every group
-        # on the node, and every member of each) sends its part at once, over its own
-        # 1/devices_per_node of the node's network (one NIC per GPU, rail-optimised).
-        share = 1 / cluster.devices_per_node
-        time += _ring_level(nbytes / per_node, nodes, cluster.inter_node, share, fraction)
-        if flat_ring:
-            time += (size - nodes) * cluster.inter_node.latency_s
-    return time
-
-
-def _ring_level(
-    nbytes: float, n: int, link: LinkSpec, share: float, fraction: float, latency: bool = True
-) -> float:
-    return fraction * (n - 1) / n * nbytes / (link.bandwidth * share) + latency * fraction * (
-        n - 1
-    ) * (link.latency_s)
 
 
 def _roofline(
@@ -315,8 +269,15 @@ def layer_time(
         compute += passes * split * cluster.device.sharded_op_overhead_s
     bpe = cluster.device.bytes_per_element
     # With sequence parallelism each all-reduce is a reduce-scatter plus an all-gather
-    # of the same volume: the same ring time.
-    one = ring_time(layer.output_elems * samples * bpe, plan.mesh, MeshAxis.TP, cluster, fraction=2)
+    # of the same volume: the same ring time under NCCL; under gloo the reduce-scatter
+    # is itself an all-reduce (:class:`Collective`).
+    output = layer.output_elems * samples * bpe
+    mesh = plan.mesh
+    if sp:
+        one = ring_time(output, mesh, MeshAxis.TP, cluster, collective=Collective.REDUCE_SCATTER)
+        one += ring_time(output, mesh, MeshAxis.TP, cluster, collective=Collective.ALL_GATHER)
+    else:
+        one = ring_time(output, mesh, MeshAxis.TP, cluster, collective=Collective.ALL_REDUCE)
     comm_passes = 2 + plan.recomputed_fraction
     comm = tp_allreduces(layer) * comm_passes * one
     if cp > 1 and layer.attention_kv_elems:
@@ -325,7 +286,7 @@ def layer_time(
         # the other chunks wait for it (PyTorch's default, _AllGatherRotater; Llama 3's
         # all-gather context parallelism, Dubey et al. 2024, Sec. 3.3.2).
         chunk = layer.attention_kv_elems * samples / tp * bpe
-        step = ring_time(chunk * cp, plan.mesh, MeshAxis.CP, cluster, fraction=1)
+        step = ring_time(chunk * cp, mesh, MeshAxis.CP, cluster, collective=Collective.ALL_GATHER)
         kv_passes = 1 + 2 + attention_recomputed(plan, cluster.device.attention)
         comm += max(0.0, kv_passes * step - attention / cp)
     return compute, comm
@@ -361,6 +322,7 @@ class CostModel:
         self._rings: dict[tuple, float] = {}
         self._weights: dict[int, list[float]] = {}  # by the identity of kept layer times
         self.is_block = np.array([x.kind is LayerKind.BLOCK for x in self.unique], dtype=float)
+        self.param_tensors = np.array([x.param_tensors for x in self.unique], dtype=float)
 
     def layer_times(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
         mesh = plan.mesh
@@ -443,8 +405,8 @@ class CostModel:
                 comm=float(rank_comm_all[slowest]),
                 first_compute=float(rank_compute_all[0]),
                 stage_params=float(loads.params.max()),
-                layers=float(loads.counts.sum(axis=1).max()),
                 blocks=float((loads.counts @ self.is_block).max()),
+                param_tensors=float((loads.counts @ self.param_tensors).max()),
             )
         return self._ranks[key]
 
@@ -456,11 +418,11 @@ class CostModel:
             terms = self._memory[key] = memory_terms(loads, plan, self.cluster)
         return terms
 
-    def ring(self, nbytes: float, mesh: Mesh, axis: Axes, fraction: float) -> float:
+    def ring(self, nbytes: float, mesh: Mesh, axis: Axes, collective: Collective) -> float:
         """:func:`ring_time` on this model's cluster, each collective costed once."""
-        key = (nbytes, mesh, axis, fraction)
+        key = (nbytes, mesh, axis, collective)
         if key not in self._rings:
-            self._rings[key] = ring_time(nbytes, mesh, axis, self.cluster, fraction=fraction)
+            self._rings[key] = ring_time(nbytes, mesh, axis, self.cluster, collective=collective)
         return self._rings[key]
 
     def estimate(self, plan: Plan, stages: list[list[int]]) -> Estimate:
@@ -490,28 +452,50 @@ class CostModel:
 class _RankTimes:
     """One plan's stages under its layer times: the slowest rank's compute and
     communication per micro-batch, the first rank's compute, and the largest stage's
-    parameters, layers and blocks."""
+    parameters, blocks and parameter tensors."""
 
     compute: float
     comm: float
     first_compute: float
     stage_params: float
-    layers: float
     blocks: float
+    param_tensors: float
+
+
+def fsdp_units(plan: Plan, ranks: _RankTimes) -> float:
+    """FSDP units of the largest stage as the runtime wraps them: each block its own,
+    plus one for the rest of each of the rank's chunks
+    (:func:`unipar.runtime.parallel.data.apply_fully_shard`)."""
+    return ranks.blocks + plan.virtual_stages
+
+
+def fsdp_gathers(plan: Plan) -> int:
+    """All-gathers of each FSDP unit per step: in forward and backward of every
+    micro-batch (ZeRO-3), or once, the gathered weights kept until the step's last
+    backward (ZeRO-2; the runtime's ``set_reshard_after_backward(False)`` before it)."""
+    return 2 * plan.num_microbatches if plan.reshard_after_forward else 1
 
 
 def _fsdp_framework_time(model: CostModel, plan: Plan, ranks: _RankTimes) -> float:
-    """The framework's own time in FSDP units (hooks, copies into and out of the flat
-    buffers, the optimizer on sharded tensors): per unit, pass and micro-batch. The
-    runtime makes each block a unit, plus one for the rest of each stage, and uses FSDP
-    whenever data parallelism meets sharding, tensor or pipeline parallelism."""
-    mesh = plan.mesh
-    overhead = model.cluster.device.fsdp_unit_overhead_s
-    if overhead == 0 or mesh.data_replicas == 1 or (mesh.fsdp, mesh.tp, mesh.pp) == (1, 1, 1):
+    """The framework's own time in FSDP units: per parameter, pass and micro-batch
+    (hooks and bookkeeping), per unit and all-gather (unsharding it), and once per
+    step per unit (gradients
+    copied into and out of the reduce-scatter's buffers) and per sharded parameter (the
+    optimizer's step on DTensors). The runtime
+    makes each block a unit, plus one for the rest of each stage, uses FSDP whenever
+    data parallelism meets sharding, tensor or pipeline parallelism, and syncs gradients
+    on the last micro-batch only (``set_requires_gradient_sync``): what is per step is
+    paid once, however many micro-batches (the rates: :mod:`unipar.plan.calibrate_group`)."""
+    mesh, device = plan.mesh, model.cluster.device
+    if mesh.data_replicas == 1 or (mesh.fsdp, mesh.tp, mesh.pp) == (1, 1, 1):
         return 0.0
-    units = ranks.blocks + plan.virtual_stages
+    units = fsdp_units(plan, ranks)
     passes = 3 + plan.recomputed_fraction
-    return units * passes * plan.num_microbatches * overhead
+    per_micro = ranks.param_tensors * passes * device.fsdp_unit_overhead_s
+    per_step = units * device.fsdp_step_overhead_s
+    per_step += ranks.param_tensors * device.fsdp_tensor_overhead_s
+    gathers = fsdp_gathers(plan) * units * device.fsdp_gather_overhead_s
+    return plan.num_microbatches * per_micro + per_step + gathers
 
 
 def _time(model: CostModel, plan: Plan, stages: list[list[int]]) -> TimeBreakdown:
@@ -545,22 +529,38 @@ def _time(model: CostModel, plan: Plan, stages: list[list[int]]) -> TimeBreakdow
     # weights, in Megatron-Core's buckets; FSDP gathers and reduces per layer.
     replicas: Axes = (MeshAxis.CP, MeshAxis.DP) if mesh.cp > 1 else MeshAxis.DP
     bucket_bytes = DDP_BUCKET_BYTES
-    if plan.distributed_optimizer:
+    runtime_zero1 = plan.distributed_optimizer and mesh.world_size == mesh.dp
+    if plan.distributed_optimizer and not runtime_zero1:
         # Megatron-Core's buckets grow with the replicas so that the collectives do not
         # become latency-bound: max(40M, 1M x dp) parameters (DistributedDataParallel-
         # Config.bucket_size).
         bucket_bytes = max(40e6, 1e6 * mesh.dp * mesh.cp) * bpe
     buckets = max(1.0, grad_bytes / bucket_bytes)
-    if plan.distributed_optimizer:
-        bucket = 2 * model.ring(grad_bytes / buckets, mesh, replicas, fraction=1)
+    all_reduce, reduce_scatter, all_gather = (
+        Collective.ALL_REDUCE,
+        Collective.REDUCE_SCATTER,
+        Collective.ALL_GATHER,
+    )
+    if runtime_zero1:
+        # The runtime's distributed optimizer (over dp alone): DDP's all-reduce, then
+        # each parameter broadcast from the rank that updated it.
+        sync = buckets * model.ring(grad_bytes / buckets, mesh, replicas, all_reduce)
+        sync += owner_broadcasts_time(grad_bytes, ranks.param_tensors, mesh, replicas, cluster)
+    elif plan.distributed_optimizer:
+        bucket = model.ring(grad_bytes / buckets, mesh, replicas, reduce_scatter)
+        sync = buckets * (bucket + model.ring(grad_bytes / buckets, mesh, replicas, all_gather))
     else:
-        bucket = model.ring(grad_bytes / buckets, mesh, replicas, fraction=2)
-    sync = buckets * bucket
+        sync = buckets * model.ring(grad_bytes / buckets, mesh, replicas, all_reduce)
     if mesh.fsdp > 1:
-        units = ranks.layers
-        gathers = 2 * m if plan.reshard_after_forward else 1  # forward + backward per microbatch
-        one = units * model.ring(grad_bytes / units, mesh, MeshAxis.FSDP, fraction=1)
-        sync += (1 + gathers) * one  # one reduce-scatter, then the all-gathers
+        # Per unit: one reduce-scatter of its gradients per step (the runtime syncs on
+        # the last micro-batch only), and an all-gather of its weights in forward and
+        # backward of every micro-batch (ZeRO-3), or once per step where the gathered
+        # weights are kept until the step's last backward (ZeRO-2).
+        units = fsdp_units(plan, ranks)
+        unit_bytes = grad_bytes / units
+        one = model.ring(unit_bytes, mesh, MeshAxis.FSDP, reduce_scatter)
+        one += fsdp_gathers(plan) * model.ring(unit_bytes, mesh, MeshAxis.FSDP, all_gather)
+        sync += units * one
     passes = 3 + plan.recomputed_fraction
     overlap = device.overlaps_communication
     last_backward = ranks.first_compute * 2 / passes if overlap else 0.0

@@ -211,7 +211,9 @@ def decide_grad_sync(
         workers=plan.mesh.dp,
         servers=cluster.nodes,
         serve_dense=True,
-        compute_s=estimate.step_time_s - estimate.time.grad_sync_s,
+        # the workers' own step: no exchange, and no optimizer (the servers run it; an
+        # all-reduce's update is priced apart, :func:`price_all_reduce`)
+        compute_s=estimate.step_time_s - estimate.time.grad_sync_s - estimate.time.optimizer_s,
     )
     choice = choose_grad_sync(workload, cluster_links(cluster))
     decided = GradSyncDecision(choice.kind, choice, candidate, "", fraction, cluster.nodes)
