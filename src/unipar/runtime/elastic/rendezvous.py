@@ -32,6 +32,8 @@ from typing import Any
 import ray
 import torch.distributed as dist
 
+from unipar.runtime.elastic.gloo_links import GlooLinks, socket_inodes
+
 _STOP = "unipar/stop"
 _STOP_AT = "unipar/stop_at"
 _BATCH = "unipar/batch"
@@ -144,9 +146,12 @@ class StopSignal:
         return due[-1] if due else None
 
 
-def join(rendezvous: Rendezvous, rank: int, *, backend: str, timeout_s: float) -> StopSignal:
+def join(
+    rendezvous: Rendezvous, rank: int, *, backend: str, timeout_s: float, links: GlooLinks
+) -> StopSignal:
     """Join the formation's process group (every rank, also a single one: the store
-    carries the stop signal). Returns this rank's stop signal."""
+    carries the stop signal); a gloo group's connections are recorded in ``links``.
+    Returns this rank's stop signal."""
     store = dist.TCPStore(
         rendezvous.address,
         rendezvous.port,
@@ -155,6 +160,7 @@ def join(rendezvous: Rendezvous, rank: int, *, backend: str, timeout_s: float) -
         use_libuv=True,
     )
     if rendezvous.world_size > 1:
+        before = socket_inodes()
         dist.init_process_group(
             backend=backend,
             store=dist.PrefixStore(f"pg{rendezvous.generation}/", store),
@@ -162,6 +168,8 @@ def join(rendezvous: Rendezvous, rank: int, *, backend: str, timeout_s: float) -
             world_size=rendezvous.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
+        if backend == "gloo":
+            links.record(store, rank, rendezvous.world_size, before)
     return StopSignal(store, rank, rendezvous.world_size)
 
 

@@ -32,6 +32,7 @@ from unipar.plan import Plan
 from unipar.ray_cluster.supervisor import describe_process
 from unipar.runtime.adaptive import adapt_state_of, with_adapt_state
 from unipar.runtime.checkpoint import _dcp
+from unipar.runtime.elastic.gloo_links import GlooLinks
 from unipar.runtime.elastic.rendezvous import Rendezvous, StopSignal, join, leave
 from unipar.runtime.elastic.snapshot import (
     SnapshotCadence,
@@ -85,6 +86,7 @@ class ElasticWorker:
         self.trainer: Trainer | None = None
         self.signal: StopSignal | None = None
         self.committed = 0
+        self.links = GlooLinks()
         _dcp()  # imported now, while the gang trains, not during a resize
 
     def describe(self) -> tuple[int, str, str, dict[str, float]]:
@@ -109,7 +111,8 @@ class ElasticWorker:
         (a replica that survived), re-wrapped as it is. Returns the first step to run."""
         leave()
         self.signal = join(
-            rendezvous, rank, backend="nccl" if self.use_gpu else "gloo", timeout_s=timeout_s
+            rendezvous, rank, backend="nccl" if self.use_gpu else "gloo", timeout_s=timeout_s,
+            links=self.links,
         )
         previous = self.trainer
         dataset = previous.dataset if previous is not None else None
@@ -225,6 +228,7 @@ class ElasticWorker:
                 if torch.distributed.is_initialized():
                     torch.distributed.barrier()
             except Exception as error:  # a peer lost, or the job's code: the controller decides
+                self.links.cut()  # peers waiting on this rank fail now, not at the timeout
                 yield Interrupted(self.committed, error, traceback.format_exc())
                 return
             yield Finished(TrainOutcome(last_step=step, final_checkpoint=final))
