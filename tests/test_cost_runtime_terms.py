@@ -6,7 +6,10 @@ about 3 s of CPU, most of it analysing the small GPT once).
   broadcast per parameter from its owner;
 - FSDP syncs on the last micro-batch only: what is per step does not grow with the
   micro-batches; its hooks are per parameter and micro-batch, its unsharding per unit
-  and all-gather.
+  and all-gather;
+- a tensor-parallel block on CPU workers pays one collective per column-wise layer in
+  backward (and, with sequence parallelism, the layouts' gathers and their calibrated
+  framework time), a GPU Megatron's two per pass.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from unipar.analysis.profile import LayerKind
 from unipar.cluster.corrections import Rate, corrected
 from unipar.cluster.spec import PRESETS, ClusterSpec, Collectives, DeviceSpec, LinkSpec, Precision
 from unipar.models import GPT, GPTConfig
-from unipar.plan import Mesh, Plan
+from unipar.plan import Mesh, Plan, Recompute, TensorParallelStyle
 from unipar.plan.collectives import Collective, owner_broadcasts_time, ring_time
-from unipar.plan.cost import CostModel
+from unipar.plan.cost import CostModel, layer_time
 from unipar.plan.representation import MeshAxis
 
 CONFIG = GPTConfig(vocab_size=256, seq_len=64, hidden=64, layers=2, heads=2)
@@ -155,3 +158,67 @@ def test_the_sharding_factor_scales_every_fsdp_rate_and_the_framework_factor_non
     assert tensor.sharded_op_overhead_s == 4e-3
     assert (tensor.fsdp_unit_overhead_s, tensor.fsdp_step_overhead_s) == (1e-4, 1e-3)
 
+
+
+def _block(profile):
+    return next(x for x in profile.layers if x.kind is LayerKind.BLOCK)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_a_block_on_cpu_workers_pays_each_collective_the_runtime_runs(profile, sequence_parallel):
+    """The GPT's block has q, k, v and the MLP's input column-wise (4), the two output
+    projections row-wise: the counts torch.profiler lists for the runtime's DTensor
+    layers (plain tp: 2 all-reduces forward, 4 backward; sequence parallel: 5
+    all-gathers and 2 reduce-scatters forward, 3 and 4 backward)."""
+    block, cluster = _block(profile), _cpu()
+    assert block.splittable_modules == 6
+    plan = Plan(mesh=Mesh(tp=2), microbatch_size=2,
+                sequence_parallel=sequence_parallel)
+    output = block.output_elems * 2 * 4
+
+    def ring(kind):
+        return ring_time(output, plan.mesh, MeshAxis.TP, cluster, collective=kind)
+
+    if sequence_parallel:
+        expected = 8 * ring(Collective.ALL_GATHER) + 6 * ring(Collective.REDUCE_SCATTER)
+    else:
+        expected = 6 * ring(Collective.ALL_REDUCE)
+    _, comm = layer_time(block, plan, cluster, style=TensorParallelStyle.MEGATRON)
+    assert comm == pytest.approx(expected)
+    # full recompute runs the forward's collectives again, not the backward's
+    again = replace(plan, recompute=Recompute.FULL)
+    _, recomputed = layer_time(block, again, cluster, style=TensorParallelStyle.MEGATRON)
+    forward = 5 * ring(Collective.ALL_GATHER) + 2 * ring(Collective.REDUCE_SCATTER)
+    assert recomputed - comm == pytest.approx(forward if sequence_parallel else 2 * ring(
+        Collective.ALL_REDUCE))
+
+
+def test_a_gpu_block_keeps_megatrons_two_collectives_per_pass(profile):
+    block = _block(profile)
+    cluster = PRESETS["a100-80g"].resized(1, 2)
+    plan = Plan(mesh=Mesh(tp=2), microbatch_size=2, sequence_parallel=True)
+    output = block.output_elems * 2 * cluster.device.bytes_per_element
+    one = sum(
+        ring_time(output, plan.mesh, MeshAxis.TP, cluster, collective=kind)
+        for kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
+    )
+    _, comm = layer_time(block, plan, cluster, style=TensorParallelStyle.MEGATRON)
+    assert comm == pytest.approx(4 * one)
+
+
+def test_sequence_parallel_layouts_cost_their_calibrated_time_per_split_module(profile):
+    """Each split module pays ``sequence_parallel_op_overhead_s`` more per pass with
+    sequence parallelism, and the framework factor scales it as the plain rate."""
+    block = _block(profile)
+    cluster = _cpu(sharded_op_overhead_s=1e-3, sequence_parallel_op_overhead_s=2e-3)
+    plain = Plan(mesh=Mesh(tp=2), microbatch_size=2)
+    sharded = replace(plain, sequence_parallel=True)
+
+    def compute(cluster, plan):
+        return layer_time(block, plan, cluster, style=TensorParallelStyle.MEGATRON)[0]
+
+    without = replace(cluster, device=replace(cluster.device, sequence_parallel_op_overhead_s=0))
+    assert compute(cluster, sharded) - compute(without, sharded) == pytest.approx(3 * 6 * 2e-3)
+    assert compute(cluster, plain) == compute(without, plain)
+    slower = corrected(cluster, {Rate.FRAMEWORK: 0.5}, runs=1)
+    assert slower.device.sequence_parallel_op_overhead_s == pytest.approx(4e-3)

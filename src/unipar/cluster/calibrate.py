@@ -113,7 +113,7 @@ def calibrated_cpu_cluster(
     return ClusterSpec("cpu", nodes, devices_per_node, device, link, link, machine=where)
 
 
-_CACHE_VERSION = 13
+_CACHE_VERSION = 14
 MAX_AGE_S = 30 * 24 * 3600  # clocks, kernels and neighbours drift: measure monthly
 
 
@@ -231,6 +231,7 @@ def _measure() -> tuple[DeviceSpec, LinkSpec]:
         reserved_gib=0.5,
         precision=Precision.FP32,  # CPU training runs in float32
         sharded_op_overhead_s=group["sharded_linear_overhead_s"],
+        sequence_parallel_op_overhead_s=group["sequence_parallel_overhead_s"],
         fsdp_unit_overhead_s=group["fsdp_unit_overhead_s"],
         fsdp_step_overhead_s=group["fsdp_step_overhead_s"],
         fsdp_tensor_overhead_s=group["fsdp_tensor_overhead_s"],

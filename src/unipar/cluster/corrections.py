@@ -9,7 +9,8 @@ each priced by one or two numbers of :class:`ClusterSpec`:
 - ``compute``: the FLOP rate and memory bandwidth of the kernels (the roofline's two
   rates, scaled together, so that the roofline keeps its shape);
 - ``per-op``: the fixed cost of one operation (launch, dispatch, autograd record);
-- ``framework``: the framework's own time per tensor-parallel layer (DTensor dispatch);
+- ``framework``: the framework's own time per tensor-parallel layer (DTensor dispatch,
+  with sequence parallelism's layouts);
 - ``sharding``: FSDP's own time per unit and per sharded parameter (hooks, buffers, the
   optimizer on DTensors): another mechanism than tensor parallelism's, calibrated apart,
   so that what runs of one teach does not move the other's;
@@ -64,6 +65,7 @@ def corrected(
         memory_bandwidth=d.memory_bandwidth * compute,
         kernel_overhead_s=d.kernel_overhead_s / per_op,
         sharded_op_overhead_s=d.sharded_op_overhead_s / framework,
+        sequence_parallel_op_overhead_s=d.sequence_parallel_op_overhead_s / framework,
         fsdp_unit_overhead_s=d.fsdp_unit_overhead_s / sharding,
         fsdp_step_overhead_s=d.fsdp_step_overhead_s / sharding,
         fsdp_tensor_overhead_s=d.fsdp_tensor_overhead_s / sharding,

@@ -81,7 +81,10 @@ class DeviceSpec:
     ``sharded_op_overhead_s`` and ``fsdp_unit_overhead_s``: the framework's own time
     per tensor-parallel linear layer and per parameter FSDP shards, per pass of each
     micro-batch, beyond arithmetic and collectives (DTensor dispatch, FSDP's hooks and
-    its per-parameter bookkeeping). FSDP's own time
+    its per-parameter bookkeeping); ``sequence_parallel_op_overhead_s``: what a
+    tensor-parallel linear layer takes more per pass under sequence parallelism (the
+    redistributions of its sequence-sharded layouts, DTensor's dispatch of the norms
+    on sharded sequences). FSDP's own time
     once per optimizer step: ``fsdp_step_overhead_s`` per unit (its gradients copied
     into and out of the reduce-scatter's buffers) and ``fsdp_tensor_overhead_s`` per
     sharded parameter (the optimizer's step on DTensors, dispatched tensor by tensor);
@@ -111,6 +114,7 @@ class DeviceSpec:
     reserved_gib: float
     precision: Precision = Precision.BF16
     sharded_op_overhead_s: float = 0.0
+    sequence_parallel_op_overhead_s: float = 0.0
     fsdp_unit_overhead_s: float = 0.0
     fsdp_step_overhead_s: float = 0.0
     fsdp_tensor_overhead_s: float = 0.0

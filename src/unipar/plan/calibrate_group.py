@@ -22,6 +22,8 @@ Rank 0 prints one JSON object:
   all-reduce at 256 KiB and 4 MiB (Hockney's model, as in Thakur et al. 2005);
 - ``sharded_linear_overhead_s``: extra time of one tensor-parallel linear layer
   (DTensor column- then row-wise) per pass, beyond its arithmetic and its all-reduce;
+- ``sequence_parallel_overhead_s``: what such a layer takes more per pass under the
+  runtime's sequence-parallel layouts, beyond their collectives;
 - ``fsdp_unit_overhead_s``, ``fsdp_step_overhead_s``, ``fsdp_tensor_overhead_s``,
   ``fsdp_gather_overhead_s``: FSDP2's extra time per parameter and pass of each micro-batch,
   per unit and step, per sharded parameter and step, and per unit and all-gather,
@@ -57,7 +59,8 @@ from unipar.cluster.calibrate import (
 )
 from unipar.cluster.spec import ClusterSpec, Collectives, DeviceSpec, LinkSpec, Precision
 from unipar.plan.collectives import Collective
-from unipar.plan.cost import ADAM_STEP_BYTES_PER_PARAM, layer_forward_time
+from unipar.plan.cost import ADAM_STEP_BYTES_PER_PARAM, layer_forward_time, tp_collective_counts
+from unipar.runtime.parallel.sequence import sequence_parallel_styles
 
 _CHAIN = 48  # tiny layers per measurement
 _WIDTH = 8
@@ -134,6 +137,51 @@ def _sharded_linear_overhead(latency: float, bandwidth: float) -> float:
     # Each pair all-reduces its output forward and its input gradient backward.
     collectives = pairs * 2 * _ring_seconds(_WIDTH * 4, 2, latency, bandwidth)
     return max(split - plain - collectives, 0.0) / (pairs * 2 * 3)
+
+
+class _NormPair(nn.Module):
+    """A block as sequence parallelism splits it: a norm on the sequence shards, then a
+    column-wise and a row-wise linear layer, and the residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(_WIDTH)
+        self.fc = nn.Linear(_WIDTH, _WIDTH * 2)
+        self.proj = nn.Linear(_WIDTH * 2, _WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.proj(torch.relu(self.fc(self.norm(x))))
+
+
+def _sequence_parallel_overhead(latency: float, bandwidth: float, blocks: int = 8) -> float:
+    """What one tensor-parallel linear layer takes more per pass with sequence
+    parallelism than without, beyond the collectives the cost model prices for each
+    (:func:`unipar.plan.cost.tp_collective_counts`): blocks of :class:`_NormPair`
+    split by the runtime's own sequence-parallel layouts
+    (:func:`unipar.runtime.parallel.sequence.sequence_parallel_styles`) against the
+    same blocks under plain tensor parallelism, forward and backward on tiny tensors."""
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    x = torch.randn(1, 2 * world, _WIDTH)
+    nbytes = x.numel() * x.element_size()
+    seconds = {}
+    for sequence_parallel in (False, True):
+        model = nn.Sequential(*[_NormPair() for _ in range(blocks)])
+        styles: dict[str, object] = {}
+        for index in range(blocks):
+            styles[f"{index}.fc"] = ColwiseParallel()
+            styles[f"{index}.proj"] = RowwiseParallel()
+        if sequence_parallel:
+            styles = sequence_parallel_styles(model, styles)
+        parallelize_module(model, mesh, styles)  # type: ignore[arg-type]
+        step = min(_median_time(lambda m=model: m(x).sum().backward(), 9) for _ in range(2))
+        priced = sum(
+            (forward + backward)
+            * _ring_seconds(nbytes, kind.fraction(Collectives.GLOO), latency, bandwidth)
+            for kind, forward, backward in tp_collective_counts(1, 1, sequence_parallel)
+        )
+        seconds[sequence_parallel] = step - blocks * priced
+    return max(seconds[True] - seconds[False], 0.0) / (blocks * 2 * 3)
 
 
 @dataclass(frozen=True)
@@ -328,6 +376,7 @@ def main(rank: int, world: int, port: int) -> None:
     op_overhead = _op_overhead()
     latency, bandwidth = _allreduce_fit()
     sharded_linear = min(_sharded_linear_overhead(latency, bandwidth) for _ in range(2))
+    sequence_parallel = _sequence_parallel_overhead(latency, bandwidth)
     runs = [_fsdp_overheads(latency, bandwidth) for _ in range(2)]  # noise only adds
     fsdp = FsdpOverheads(*(min(values) for values in zip(*(astuple(r) for r in runs), strict=True)))
     slowdown = _sustained_slowdown(arithmetic, op_overhead)
@@ -341,6 +390,7 @@ def main(rank: int, world: int, port: int) -> None:
                     "allreduce_latency_s": latency,
                     "allreduce_bandwidth": bandwidth,
                     "sharded_linear_overhead_s": sharded_linear,
+                    "sequence_parallel_overhead_s": sequence_parallel,
                     "fsdp_unit_overhead_s": fsdp.tensor_pass_s,
                     "fsdp_step_overhead_s": fsdp.unit_step_s,
                     "fsdp_tensor_overhead_s": fsdp.tensor_step_s,
