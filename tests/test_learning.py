@@ -282,3 +282,23 @@ def test_the_suites_commands_keep_their_records_apart_from_the_machines(run_reco
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(run_records_apart)
+
+
+def test_a_residual_one_plans_own_mechanism_leaves_stays_with_it():
+    """Plans of data parallelism and pipelines measured as the rates ``TRUE`` make them,
+    and one tensor-parallel plan twice as slow as they would make it: its residual goes
+    to the framework's time, which only it exercises, not to the compute, link and
+    optimizer factors every plan carries (they stay as the other runs alone give them);
+    and it is predicted right again."""
+    data = {Rate.COMPUTE: 0.6, Rate.PER_OP: 0.1, Rate.INTRA_NODE: 0.25, Rate.OPTIMIZER: 0.05}
+    pipeline = {Rate.COMPUTE: 0.7, Rate.PER_OP: 0.15, Rate.INTRA_NODE: 0.08, Rate.OPTIMIZER: 0.07}
+    shared = [_record(data, TRUE, at=0), _record(pipeline, TRUE, at=1)]
+    tensor = {Rate.COMPUTE: 0.5, Rate.PER_OP: 0.1, Rate.FRAMEWORK: 0.3, Rate.INTRA_NODE: 0.1}
+    odd = _record(tensor, TRUE, at=5, scale=1.5)
+    fitted, without = fit_factors([*shared, odd]), fit_factors(shared)
+    assert fitted.runs == 3
+    for rate in TRUE:
+        assert fitted.factors[rate] == pytest.approx(without.factors[rate], rel=0.01), rate
+    assert fitted.factors[Rate.FRAMEWORK] < 0.5
+    again = sum(s / fitted.factors[rate] for rate, s in tensor.items())
+    assert again == pytest.approx(odd.measured_s, rel=0.03)

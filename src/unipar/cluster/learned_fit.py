@@ -23,6 +23,15 @@ minimise
   FLOP rate and the per-op cost of one plan) do not drift apart to gain a hair of fit;
 - each factor bounded to [1/MAX_FACTOR, MAX_FACTOR]: a correction larger than that is
   no longer a correction of the rates, but of the model;
+- a group that only one run exercises (``MATERIAL_SHARE`` of its step or more: tensor
+  parallelism's framework time where one run of the cluster's was tensor parallel)
+  takes that run's residual before any shared group does: the groups several runs
+  exercise are fitted first with each run's own groups free (no pull towards 1), so
+  that what one plan's own mechanism leaves unexplained does not move the factors
+  every plan carries; then its own groups are fitted, the shared ones held, with the
+  pull towards 1 as the others. A run that exercises no group of its own informs the
+  shared groups as before; with a single run every group is its own (the first bullet's
+  proportional split);
 - runs on an overloaded machine (:attr:`RunRecord.overloaded`) are left out, and so is
   an odd run: one whose measured over predicted step is more than ``ODD_RUN`` times
   off the (weighted) median of the cluster's runs (three runs or more), as a run
@@ -48,6 +57,9 @@ MAX_RUNS = 20  # the newest runs fitted
 PRIOR = 0.2  # lambda: the pull of each log-factor towards 0 (x2 costs a 5% error)
 COMPONENT_WEIGHT = 0.3  # a traced component's weight against its run's step
 ODD_RUN = 3.0  # a run this many times off the median measured/predicted is left out
+MATERIAL_SHARE = 0.05  # a group this share of a run's predicted step is exercised by it
+_FREE = 1e-6  # the pull on a run's own groups while the shared ones are fitted
+_HELD = 1e6  # the pull that holds the shared groups while a run's own are fitted
 _FLOOR = 1e-3  # smallest |residual| in the reweighting (0.1% in log terms)
 
 
@@ -86,9 +98,39 @@ def fit_factors(records: Sequence[RunRecord]) -> FittedFactors:
                 measured.append(observation.measured_s)
                 step = observation.what is Measured.STEP
                 weights.append(weight * (1.0 if step else COMPONENT_WEIGHT))
-    theta = solve(np.array(rows), np.array(measured), np.array(weights))
+    theta = solve_shared_first(
+        np.array(rows), np.array(measured), np.array(weights), exercised_by(usable, rates)
+    )
     factors = {rate: float(math.exp(t)) for rate, t in zip(rates, theta, strict=True)}
     return FittedFactors(factors, len(usable), kept_apart, odd)
+
+
+def exercised_by(records: Sequence[RunRecord], rates: list[Rate]) -> np.ndarray:
+    """How many of ``records`` exercise each of ``rates``' groups: the group's seconds
+    are :data:`MATERIAL_SHARE` of the run's predicted step or more."""
+    counts = np.zeros(len(rates))
+    for record in records:
+        step = next((o for o in record.observations if o.what is Measured.STEP), None)
+        if step is None or step.predicted_s <= 0:
+            continue
+        seconds = dict(step.seconds)
+        counts += [seconds.get(rate, 0.0) >= MATERIAL_SHARE * step.predicted_s for rate in rates]
+    return counts
+
+
+def solve_shared_first(
+    seconds: np.ndarray, measured: np.ndarray, weights: np.ndarray, exercised: np.ndarray
+) -> np.ndarray:
+    """:func:`solve`, the groups several runs exercise (``exercised``: runs per group)
+    fitted first with the groups of a single run free, then those with the shared ones
+    held (module doc); one solve where no group is shared, or none a single run's."""
+    shared, own = exercised >= 2, exercised == 1
+    if not shared.any() or not own.any():
+        return solve(seconds, measured, weights)
+    first = solve(seconds, measured, weights, np.where(own, _FREE, PRIOR))
+    held = np.where(shared, first, 0.0)
+    then = solve(seconds * np.exp(-held), measured, weights, np.where(shared, _HELD, PRIOR))
+    return held + np.where(shared, 0.0, then)
 
 
 def _without_odd_runs(
@@ -124,12 +166,17 @@ def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
 
 
 def solve(
-    seconds: np.ndarray, measured: np.ndarray, weights: np.ndarray, iterations: int = 100
+    seconds: np.ndarray,
+    measured: np.ndarray,
+    weights: np.ndarray,
+    prior: np.ndarray | None = None,
+    iterations: int = 100,
 ) -> np.ndarray:
     """The log-factors ``theta`` minimising the objective of the module doc, for
     observations with group seconds ``seconds`` (rows x groups), ``measured`` times
-    and ``weights``."""
+    and ``weights``; ``prior``: each group's pull towards 1 (default :data:`PRIOR`)."""
     groups = seconds.shape[1]
+    pull = np.full(groups, PRIOR) if prior is None else prior
     theta = np.zeros(groups)
     bound = math.log(MAX_FACTOR)
     if seconds.size == 0:
@@ -140,7 +187,7 @@ def solve(
         return np.log((seconds * np.exp(-theta)).sum(axis=1)) - target
 
     def objective(theta: np.ndarray) -> float:
-        return float(weights @ np.abs(residuals(theta)) + PRIOR / 2 * theta @ theta)
+        return float(weights @ np.abs(residuals(theta)) + pull @ theta**2 / 2)
 
     for _ in range(iterations):
         scaled = seconds * np.exp(-theta)  # each group's seconds under theta
@@ -148,8 +195,8 @@ def solve(
         residual = np.log(predicted) - target
         jacobian = -scaled / predicted[:, None]  # d residual / d theta
         u = weights / np.maximum(np.abs(residual), _FLOOR)  # L1 as reweighted L2
-        normal = jacobian.T @ (u[:, None] * jacobian) + PRIOR * np.eye(groups)
-        gradient = jacobian.T @ (u * residual) + PRIOR * theta
+        normal = jacobian.T @ (u[:, None] * jacobian) + np.diag(pull)
+        gradient = jacobian.T @ (u * residual) + pull * theta
         step = np.linalg.solve(normal, -gradient)
         before, length = objective(theta), 1.0
         while length > 1e-3:  # halve the step until the objective does not grow
