@@ -222,3 +222,19 @@ def test_sequence_parallel_layouts_cost_their_calibrated_time_per_split_module(p
     assert compute(cluster, plain) == compute(without, plain)
     slower = corrected(cluster, {Rate.FRAMEWORK: 0.5}, runs=1)
     assert slower.device.sequence_parallel_op_overhead_s == pytest.approx(4e-3)
+
+
+def test_the_optimizer_all_reduces_each_partial_gradient_sequence_parallelism_leaves(profile):
+    """Under sequence parallelism a GPT block's norms (4 tensors) and row-wise biases
+    (2) keep partial gradients, which AdamW's step all-reduces twice each."""
+    cluster = _cpu()
+    plain = Plan(mesh=Mesh(tp=2), microbatch_size=2, num_microbatches=2)
+    sharded = replace(plain, sequence_parallel=True)
+    tiny = ring_time(CONFIG.hidden * 4, plain.mesh, MeshAxis.TP, cluster,
+                     collective=Collective.ALL_REDUCE)
+    blocks = CONFIG.layers
+    sync = {plan: _time(profile, cluster, plan).grad_sync_s for plan in (plain, sharded)}
+    extra = sync[sharded] - sync[plain]
+    assert extra == pytest.approx(2 * 6 * blocks * tiny)
+    gpu = PRESETS["a100-80g"].resized(1, 2)
+    assert _time(profile, gpu, sharded).grad_sync_s == _time(profile, gpu, plain).grad_sync_s

@@ -281,6 +281,21 @@ def tp_collective_counts(
     )
 
 
+def sequence_parallel_partial_grads(layer: LayerProfile) -> int:
+    """Parameter tensors of a block that sequence parallelism leaves replicated while
+    their inputs are sharded along the sequence: the norms' and the row-wise layers'
+    biases, whose gradients stay partial sums (DTensor ``Partial``) until the optimizer
+    reads them. A block whose tensors number at least twice its linear layers holds a
+    bias in each (GPT's), so its replicated tensors are the rest less the split
+    weights and the column-wise biases; one without biases (Llama's) keeps its norms'."""
+    if layer.kind is not LayerKind.BLOCK:
+        return 0
+    split = layer.splittable_modules
+    columns = max(split - ROW_WISE_PER_BLOCK, ROW_WISE_PER_BLOCK)
+    with_biases = layer.param_tensors >= 2 * split
+    return max(layer.param_tensors - split - (columns if with_biases else 0), 0)
+
+
 def tensor_parallel_styles(profile: ModelProfile) -> tuple[TensorParallelStyle, ...]:
     """Megatron-style splits: blocks by heads and MLP width, the largest embedding table
     and the output projection by vocabulary, the rest replicated. A layer of several
@@ -393,6 +408,9 @@ class CostModel:
         self._weights: dict[int, list[float]] = {}  # by the identity of kept layer times
         self.is_block = np.array([x.kind is LayerKind.BLOCK for x in self.unique], dtype=float)
         self.param_tensors = np.array([x.param_tensors for x in self.unique], dtype=float)
+        self.partial_grads = np.array(
+            [sequence_parallel_partial_grads(x) for x in self.unique], dtype=float
+        )
 
     def layer_times(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
         mesh = plan.mesh
@@ -477,6 +495,7 @@ class CostModel:
                 stage_params=float(loads.params.max()),
                 blocks=float((loads.counts @ self.is_block).max()),
                 param_tensors=float((loads.counts @ self.param_tensors).max()),
+                partial_grads=float((loads.counts @ self.partial_grads).max()),
             )
         return self._ranks[key]
 
@@ -522,7 +541,8 @@ class CostModel:
 class _RankTimes:
     """One plan's stages under its layer times: the slowest rank's compute and
     communication per micro-batch, the first rank's compute, and the largest stage's
-    parameters, blocks and parameter tensors."""
+    parameters, blocks, parameter tensors and tensors whose gradients sequence
+    parallelism leaves partial (:func:`sequence_parallel_partial_grads`)."""
 
     compute: float
     comm: float
@@ -530,6 +550,7 @@ class _RankTimes:
     stage_params: float
     blocks: float
     param_tensors: float
+    partial_grads: float = 0.0
 
 
 def fsdp_units(plan: Plan, ranks: _RankTimes) -> float:
@@ -635,6 +656,13 @@ def _time(model: CostModel, plan: Plan, stages: list[list[int]]) -> TimeBreakdow
     overlap = device.overlaps_communication
     last_backward = ranks.first_compute * 2 / passes if overlap else 0.0
     exposed_sync = max(0.0, sync - last_backward) + _fsdp_framework_time(model, plan, ranks)
+    if plan.sequence_parallel and mesh.tp > 1 and not overlap:
+        # AdamW reads each partial gradient twice (its two moments), and DTensor
+        # all-reduces it each time: 48 small all-reduces in the optimizer's step of the
+        # plan_ranking GPT's 4 blocks (torch.profiler, 2026-11-26). A GPU hides them.
+        tensor_bytes = (profile.hidden or 1024) * bpe
+        one = model.ring(tensor_bytes, mesh, MeshAxis.TP, all_reduce)
+        exposed_sync += 2 * ranks.partial_grads * one
     optimizer_bandwidth = device.optimizer_bandwidth or device.memory_bandwidth
     shards = mesh.fsdp * (mesh.dp * mesh.cp if plan.distributed_optimizer else 1)
     optimizer = stage_params / shards * ADAM_STEP_BYTES_PER_PARAM / optimizer_bandwidth
