@@ -59,7 +59,8 @@ from unipar.cluster.calibrate import (
 )
 from unipar.cluster.spec import ClusterSpec, Collectives, DeviceSpec, LinkSpec, Precision
 from unipar.plan.collectives import Collective
-from unipar.plan.cost import ADAM_STEP_BYTES_PER_PARAM, layer_forward_time, tp_collective_counts
+from unipar.plan.cost import ADAM_STEP_BYTES_PER_PARAM, layer_forward_time
+from unipar.plan.tp_collectives import tp_collective_counts
 from unipar.runtime.parallel.sequence import sequence_parallel_styles
 
 _CHAIN = 48  # tiny layers per measurement
