@@ -11,8 +11,9 @@ to its fixed size, back to the newest disk checkpoint, up to ``max_failures`` ti
 ``LIVE`` (the default) recovers from memory and follows the cluster:
 
 - **loss** (a process killed, a node removed): Ray reports the dead actor within the
-  poll interval; the survivors' step fails in its collective, they drop it and end
-  their stream with the step they committed. The state comes from memory: under a
+  poll interval; the survivors' step fails in its collective (a rank whose step fails
+  cuts its gloo connections, :mod:`~unipar.runtime.elastic.gloo_links`, so none waits on
+  it), they drop it and end their stream with the step they committed. The state comes from memory: under a
   replicated plan (data parallel) from the survivor with the most committed steps
   (a survivor cannot be behind: a step is committed only after its gradient
   all-reduce completed everywhere; alone in the new gang they keep their model as it is),
