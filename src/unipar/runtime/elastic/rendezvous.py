@@ -131,8 +131,11 @@ class StopSignal:
         so (the store's compare-and-set is atomic). A rank that fails because a peer cut
         its connections after failing itself always comes second: the first failure is
         the cause, the later ones its echoes."""
-        return self.store.compare_set(_FIRST_FAILURE, "", str(self.rank)) == str(
-            self.rank).encode()
+        try:
+            first = self.store.compare_set(_FIRST_FAILURE, "", str(self.rank))
+        except RuntimeError:  # the store is gone (a DistError): no peer can claim it
+            return True
+        return first == str(self.rank).encode()
 
     def batch_before(self, step: int) -> int | None:
         """The global batch this rank runs from ``step`` on, when one set from outside
