@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 # XGBoost-Ray's own tests start and stop Ray themselves: they run in processes of their
@@ -12,16 +14,12 @@ collect_ignore = ["xgboost_ray_suite"]
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """The local cluster ``fit`` starts for itself (``start_ray``), with 4 CPUs: its idle
-    worker processes import torch and unipar's worker as they start, so a run's workers
-    find them imported, as a user's do (measured on 2 loaded cores: four 2-worker runs
-    in a row, 79 s -> 43 s, the same CPU seconds)."""
     import ray
 
-    from unipar.ray_cluster.session import start_ray
-
     if not ray.is_initialized():
-        start_ray(None, num_cpus=4)
+        ray.init(
+            address="local", num_cpus=4, include_dashboard=False, logging_level=logging.WARNING
+        )
     yield ray
     ray.shutdown()
 
