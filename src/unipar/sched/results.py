@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
+
+from unipar.sched.workload import JobSpec
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,36 @@ class JobResult:
     @property
     def met_deadline(self) -> bool | None:
         return None if self.deadline is None else self.jct <= self.deadline
+
+
+class FinishedJob(Protocol):
+    """What a simulator keeps of a job it ran to the end."""
+
+    spec: JobSpec
+    start: float | None
+    finish: float | None
+    restarts: int
+    preemptions: int
+    attained: float  # GPU-seconds held
+
+
+def job_results(done: Iterable[FinishedJob]) -> tuple[JobResult, ...]:
+    """One result per finished job, in the order they were submitted (a job never
+    started is counted from its submission)."""
+    return tuple(
+        JobResult(
+            name=j.spec.name,
+            application=j.spec.application,
+            submit_time=j.spec.submit_time,
+            start_time=j.start if j.start is not None else j.spec.submit_time,
+            finish_time=float(j.finish),  # type: ignore[arg-type]  # a finished job has one
+            restarts=j.restarts,
+            preemptions=j.preemptions,
+            gpu_seconds=j.attained,
+            deadline=j.spec.deadline,
+        )
+        for j in sorted(done, key=lambda j: j.spec.submit_time)
+    )
 
 
 @dataclass(frozen=True)

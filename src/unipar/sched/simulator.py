@@ -23,7 +23,7 @@ from unipar.sched.arrivals import admit_arrivals
 from unipar.sched.cluster import Cluster
 from unipar.sched.fleet import FixedFleet, Fleet
 from unipar.sched.policy import Allocation, JobView, Policy, RoundState
-from unipar.sched.results import JobResult, SimResult
+from unipar.sched.results import SimResult, job_results
 from unipar.sched.traces import Application
 from unipar.sched.workload import JobSpec
 
@@ -253,23 +253,9 @@ def simulate(
             else:
                 still.append(job)
         active = still
-    results = [
-        JobResult(
-            name=j.spec.name,
-            application=j.spec.application,
-            submit_time=j.spec.submit_time,
-            start_time=j.start if j.start is not None else j.spec.submit_time,
-            finish_time=j.finish,
-            restarts=j.restarts,
-            preemptions=j.preemptions,
-            gpu_seconds=j.attained,
-            deadline=j.spec.deadline,
-        )
-        for j in sorted(done, key=lambda j: j.spec.submit_time)
-    ]
     return SimResult(
         policy=policy.name,
-        jobs=tuple(results),
+        jobs=job_results(done),
         gpu_seconds=gpu_seconds,
         timeline=tuple(timeline),
         cost=fleet.cost,

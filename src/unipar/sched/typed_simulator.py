@@ -31,7 +31,7 @@ from unipar.goodput.batch import best_batch
 from unipar.goodput.fit_log import fit_log
 from unipar.goodput.throughput import Observation, ThroughputModel
 from unipar.sched.arrivals import admit_arrivals
-from unipar.sched.results import JobResult, SimResult
+from unipar.sched.results import SimResult, job_results
 from unipar.sched.typed_cluster import TypedAllocation, TypedCluster
 from unipar.sched.typed_policy import (
     BatchModel,
@@ -99,6 +99,7 @@ class _Job:
     attained: float = 0.0  # GPU-seconds held while a round ran (restarts included)
     restarts: int = 0
     migrations: int = 0
+    preemptions: int = 0  # never: a job is moved (a migration), not preempted
     start: float | None = None
     finish: float | None = None
     _last_choice: tuple = (None, (0, 0))
@@ -330,25 +331,12 @@ def _simulate(specs, applications, policy, cluster, config) -> TypedRun:
         now += interval
         done += [j for j in active if j.finish is not None]
         active = [j for j in active if j.finish is None]
-    results = tuple(
-        JobResult(
-            name=j.spec.name,
-            application=j.spec.application,
-            submit_time=j.spec.submit_time,
-            start_time=j.start if j.start is not None else j.spec.submit_time,
-            finish_time=j.finish,
-            restarts=j.restarts,
-            preemptions=0,
-            gpu_seconds=j.attained,
-        )
-        for j in sorted(done, key=lambda j: j.spec.submit_time)
-    )
     prices = {t.name: t.price_per_hour or 0.0 for t in cluster.types}
     node_hours = {t.name: len(cluster.nodes_of(t.name)) * (now - start) / 3600 for t in
                   cluster.types}
     result = SimResult(
         policy=policy.name,
-        jobs=results,
+        jobs=job_results(done),
         gpu_seconds=sum(by_type.values()),
         timeline=tuple(timeline),
         cost=sum(prices[t] * h for t, h in node_hours.items()),
