@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,8 +30,11 @@ from unipar import (
 )
 from unipar.adapt import AdaptiveBatch
 from unipar.cli.main import main
+from unipar.job import cross_entropy_loss
 from unipar.plan import GradSync, Mesh, Plan
 from unipar.testing import tiny_gpt_job
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the failing loss below
 
 JOB_FILE = "from unipar.testing import tiny_gpt_job\n\njob = tiny_gpt_job(steps=4)\n"
 SUM_LOSS_JOB_FILE = """from dataclasses import replace
@@ -534,6 +539,22 @@ def test_gpus_on_a_cluster_without_gpus_get_advice_that_fits(ray_cluster, tmp_pa
 def test_model_factory_raises(ray_cluster, tmp_path):
     with pytest.raises(UserCodeError, match=r"model factory raised RuntimeError: .*on purpose"):
         fit(tiny_gpt_job(failing_model=True), workers=2, run_dir=tmp_path, progress=False)
+
+
+def _loss_failing_on_rank_1(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    if torch.distributed.get_rank() == 1:
+        raise ValueError("the loss failed on rank 1 on purpose")
+    return cross_entropy_loss(logits, targets)
+
+
+def test_a_loss_raising_on_one_rank_is_reported_not_its_peers_broken_collective(
+    ray_cluster, tmp_path
+):
+    """Rank 1's loss raises; rank 0 then fails in its all-reduce (rank 1 cut its
+    connections). The error is rank 1's, the cause, not rank 0's "connection closed"."""
+    job = replace(tiny_gpt_job(steps=2), loss=_loss_failing_on_rank_1)
+    with pytest.raises(UserCodeError, match=r"(?s)a worker raised.*failed on rank 1 on purpose"):
+        fit(job, workers=2, run_dir=tmp_path, progress=False)
 
 
 def test_dataset_smaller_than_one_global_batch(ray_cluster, tmp_path):

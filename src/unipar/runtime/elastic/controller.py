@@ -11,10 +11,11 @@ to its fixed size, back to the newest disk checkpoint, up to ``max_failures`` ti
 ``LIVE`` (the default) recovers from memory and follows the cluster:
 
 - **loss** (a process killed, a node removed): Ray reports the dead actor within the
-  poll interval; the survivors' step fails in its collective, they drop it and end
-  their stream with the step they committed. The state comes from memory: under a
-  replicated plan (data parallel) from the survivor with the most committed steps
-  (a survivor cannot be behind: a step is committed only after its gradient
+  poll interval; the survivors' step fails in its collective (a rank whose step fails
+  cuts its gloo connections, :mod:`~unipar.runtime.elastic.gloo_links`, so none waits on
+  it), they drop it and end their stream with the step they committed. The state comes
+  from memory: under a replicated plan (data parallel) from the survivor with the most
+  committed steps (a survivor cannot be behind: a step is committed only after its gradient
   all-reduce completed everywhere; alone in the new gang they keep their model as it is),
   under a sharded plan from the newest in-memory snapshot (taken as often as 2% of the
   training time allows, or every ``snapshot_every`` steps; the steps since are redone,
@@ -482,7 +483,8 @@ class Controller:
 
     def _reform(self, members: list[Member], end: FormationEnd) -> tuple[list[Member], StateSource]:
         ends = [s.result for s in end.streams if s.member not in end.dead]
-        failed = [e for e in ends if isinstance(e, Interrupted)]
+        # the cause first: the other ranks' failures are the cut connections it left
+        failed = sorted((e for e in ends if isinstance(e, Interrupted)), key=lambda e: not e.first)
         if failed and not end.dead:
             self.supervisor.kill(members + end.joiners)
             error = failed[0].error

@@ -38,6 +38,7 @@ _STOP = "unipar/stop"
 _STOP_AT = "unipar/stop_at"
 _BATCH = "unipar/batch"
 _BATCH_AT = "unipar/batch_at/"
+_FIRST_FAILURE = "unipar/first_failure"
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,17 @@ class StopSignal:
                 self._stop_at = int(self.store.get(_STOP_AT))
         return self._stop_at is not None and step >= self._stop_at
 
+
+    def first_to_fail(self) -> bool:
+        """Called by a rank whose step failed: whether it is the first of its gang to say
+        so (the store's compare-and-set is atomic). A rank that fails because a peer cut
+        its connections after failing itself always comes second: the first failure is
+        the cause, the later ones its echoes."""
+        try:
+            first = self.store.compare_set(_FIRST_FAILURE, "", str(self.rank))
+        except RuntimeError:  # the store is gone (a DistError): no peer can claim it
+            return True
+        return first == str(self.rank).encode()
 
     def batch_before(self, step: int) -> int | None:
         """The global batch this rank runs from ``step`` on, when one set from outside

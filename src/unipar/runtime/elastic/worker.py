@@ -60,6 +60,7 @@ class Interrupted:
     committed: int
     error: BaseException
     trace: str
+    first: bool = True  # the gang's first rank to fail: its error is the cause
 
 
 StreamEnd = Finished | Paused | Interrupted
@@ -228,8 +229,9 @@ class ElasticWorker:
                 if torch.distributed.is_initialized():
                     torch.distributed.barrier()
             except Exception as error:  # a peer lost, or the job's code: the controller decides
+                first = signal.first_to_fail()  # before the cut, whose echoes come second
                 self.links.cut()  # peers waiting on this rank fail now, not at the timeout
-                yield Interrupted(self.committed, error, traceback.format_exc())
+                yield Interrupted(self.committed, error, traceback.format_exc(), first)
                 return
             yield Finished(TrainOutcome(last_step=step, final_checkpoint=final))
         finally:
