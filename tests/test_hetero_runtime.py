@@ -56,7 +56,9 @@ def _hetero_plan(job, kind: HeteroKind, microbatch: int):  # type: ignore[no-unt
 def _fit_matches_single_process(job, plan: Plan, run_dir) -> None:  # type: ignore[no-untyped-def]
     """``fit`` on 2 workers gives one process's losses and final weights."""
     expected_losses, expected_weights = single_process_losses(job)
-    result = fit(job, workers=2, plan=plan, run_dir=run_dir, progress=False)
+    # one checkpoint, the final one read back below (the default is one a step here)
+    result = fit(job, workers=2, plan=plan, run_dir=run_dir, progress=False,
+                 checkpoint_every=job.steps)
     torch.testing.assert_close(result.losses, expected_losses, rtol=RTOL, atol=0)
     final = load_model_state(result.final_checkpoint)
     for name, tensor in expected_weights.items():

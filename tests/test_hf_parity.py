@@ -68,7 +68,9 @@ def test_hf_plan_matches_single_process(ray_cluster, tmp_path, case):
     for axis in ("dp", "fsdp", "tp", "pp"):
         assert getattr(plan.mesh, axis) == pinned.get(axis, 1)
     expected_losses, expected_weights = single_process_losses(job)
-    result = fit(job, workers=workers, plan=plan, run_dir=tmp_path, progress=False)
+    # one checkpoint, the final one read back below (the default is one a step)
+    result = fit(job, workers=workers, plan=plan, run_dir=tmp_path, progress=False,
+                 checkpoint_every=STEPS)
 
     assert result.plan == plan
     assert [m.step for m in result.history] == list(range(STEPS))

@@ -28,7 +28,10 @@ def test_data_parallel_matches_single_process(ray_cluster, tmp_path, workers, mi
     job = tiny_gpt_job(steps=20, global_batch_size=8)
     expected_losses, expected_weights = single_process_losses(job)
     plan = Plan.data_parallel(workers, job.global_batch_size, microbatch_size)
-    result = fit(job, workers=workers, plan=plan, run_dir=tmp_path, progress=False)
+    # one checkpoint, the final one read back below (the default, one every 2 steps here,
+    # is a DCP save each)
+    result = fit(job, workers=workers, plan=plan, run_dir=tmp_path, progress=False,
+                 checkpoint_every=job.steps)
 
     assert [m.step for m in result.history] == list(range(20))
     torch.testing.assert_close(result.losses, expected_losses, rtol=RTOL, atol=0)

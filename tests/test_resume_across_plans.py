@@ -46,6 +46,7 @@ def test_resume_under_another_plan(ray_cluster, tmp_path, case):
         plan=planned(job, workers_b, **pinned_b),
         run_dir=tmp_path / "second",
         resume=halfway,
+        checkpoint_every=5,  # one checkpoint, at step 10: the final one read back below
         progress=False,
     )
 

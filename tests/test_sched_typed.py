@@ -148,6 +148,42 @@ def test_a_job_progresses_at_the_measured_speed(apps):
     assert job.attained == 3 * 8 * 60.0  # GPU-seconds held, restarts included
 
 
+def test_a_restart_is_a_change_of_type_or_shape_not_of_nodes(apps):
+    """Sia's simulator (job.py, Job.reallocate) restarts a job only when its GPUs per node
+    or its type change; the same shape on other nodes trains on."""
+    job = _Job(JobSpec("c", 0.0, "cifar10", 4, 512), apps["cifar10"])
+    pools: dict = {}
+    rule = _Fixed(TypedAllocation("rtx", ((8, 4),))).batch_model
+    job.assign(TypedAllocation("rtx", ((8, 4),)), 0.0, rule, pools)
+    job.advance(0.0, 60.0, rule, pools)
+    assert (job.restarts, job.restart_left) == (0, 0)
+    job.assign(TypedAllocation("rtx", ((9, 4),)), 60.0, rule, pools)  # other node, same shape
+    assert (job.restarts, job.restart_left, job.allocation.nodes) == (0, 0, ((9, 4),))
+    job.assign(TypedAllocation("rtx", ((9, 2), (10, 2))), 120.0, rule, pools)  # new shape
+    assert (job.restarts, job.restart_left) == (1, 50)
+    job.assign(TypedAllocation("aws", ((0, 2), (1, 2))), 180.0, rule, pools)  # new type
+    assert (job.restarts, job.migrations) == (2, 1)
+
+
+def test_sia_scales_only_a_held_jobs_speedups_by_its_reallocation_factor(apps):
+    """Sia (sia.py, __solve_mip_rescaled) applies the factor only where a job has a
+    previous configuration: a waiting job's speedups stay as they are."""
+    policy = make_typed_policy(TypedPolicyName.SIA)
+    cluster = parse_cluster(SIA_CLUSTER)
+    configs = configurations(cluster)
+    job = _Job(JobSpec("c", 0.0, "cifar10", 4, 512), apps["cifar10"])
+    job.restarts = 3
+    waiting = TypedRoundState(600.0, cluster, [job.view({}, cluster.type_names)])
+    row = policy.speedups(waiting, configs)[0]
+    assert row[[c.gpus == 1 for c in configs]].tolist() == [1.0, 1.0, 1.0]
+    job.allocation = TypedAllocation("rtx", ((8, 1),))
+    held = TypedRoundState(600.0, cluster, [job.view({}, cluster.type_names)])
+    row = policy.speedups(held, configs)[0]
+    factor = (600 - 3 * 30) / (600 + 30)  # Pollux's (T - R·δ)/(T + δ), δ = 30 s for cifar10
+    one = [c.gpus == 1 for c in configs]
+    assert row[one].tolist() == pytest.approx([factor, factor, 1.0])  # rtx is held
+
+
 def test_every_policy_finishes_every_job_on_one_type_per_job(apps):
     specs = _slice(apps)
     cluster = parse_cluster("2xaws+1xdgx-ext+1xrtx")

@@ -73,7 +73,9 @@ def test_user_model_matches_single_process(ray_cluster, tmp_path, name, plan_nam
     pinned = PLANS[plan_name]
     plan = "auto" if pinned is None else planned(job, 2, **pinned)
     expected_losses, expected_weights = single_process_losses(job)
-    result = fit(job, workers=2, plan=plan, run_dir=tmp_path, progress=False)
+    # one checkpoint, the final one read back below (the default is one a step here)
+    result = fit(job, workers=2, plan=plan, run_dir=tmp_path, progress=False,
+                 checkpoint_every=job.steps)
 
     if pinned is not None:
         assert result.plan == plan

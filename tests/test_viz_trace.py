@@ -50,6 +50,7 @@ def pipeline_run(ray_cluster, tmp_path_factory):
         run_dir=tmp_path_factory.mktemp("traced"),
         trace_steps=2,
         progress=False,
+        checkpoint_every=6,  # one checkpoint, not one a step: none is read
     )
     return trace_overhead, plan, result
 

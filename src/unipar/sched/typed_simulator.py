@@ -1,7 +1,8 @@
 """Trace-driven simulation of a cluster of several GPU types, round by round (Sia's setting).
 
 Every ``interval`` seconds the policy puts each job on GPUs of one type (or none). A job
-whose GPUs change spends its application's checkpoint-restore seconds without progress.
+whose GPU type or shape (GPUs per node) changes spends its application's checkpoint-restore
+seconds without progress; moved to other nodes of the same shape, it trains on (Sia's rule).
 In between it trains epoch by epoch at its measured speed on its type (Sia's simulator,
 ``job.py``): per epoch, seconds per step from the traces for its placement, per-GPU batch
 and accumulation; progress per step (in steps at M0) from the measured gradient
@@ -138,9 +139,9 @@ class _Job:
     def assign(self, new: TypedAllocation | None, now: float, rule: BatchModel,
                pools: dict) -> None:
         old = self.allocation
-        if new is None or (old is not None and (old.gpu_type, old.nodes) ==
-                           (new.gpu_type, new.nodes)):
-            self.allocation = new
+        if new is None or (old is not None and old.gpu_type == new.gpu_type
+                           and _shape(old) == _shape(new)):
+            self.allocation = new  # other nodes of the same shape: no restart (see _shape)
             return
         if self.start is None:
             self.start = now
@@ -230,6 +231,17 @@ class _Job:
         self.own.setdefault(gpu_type, _Models()).add(key, obs)
         self.merged.add(key, obs)
         pools.setdefault((self.app.name, gpu_type), _Models()).add(key, obs)
+
+
+def _shape(a: TypedAllocation) -> tuple[int, ...]:
+    """GPUs per node, largest first: what a restart is counted on.
+
+    Sia's simulator restarts a job only when this changes or its GPU type does (``job.py``,
+    ``Job.reallocate`` compares the placement tuple of GPUs per node, not node ids;
+    ``Job.migrate`` on a type change); the same shape on other nodes of the type keeps
+    training. The step time depends only on the shape too (``applications.py``,
+    ``get_throughput``)."""
+    return tuple(sorted((g for _, g in a.nodes), reverse=True))
 
 
 def _check(allocs: dict[str, TypedAllocation], jobs: dict[str, _Job],

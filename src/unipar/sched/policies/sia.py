@@ -9,7 +9,8 @@ the two types' one-GPU throughput ratio (the profile Sia takes of each new job);
 never ran has speedup 1 on one GPU of each type. Speedups S_jc = G_jc / min_c G_jc (each
 job's slowest one-GPU configuration is 1). A job's speedup at any configuration but its
 current one is scaled by Pollux's reallocation factor (T − R·δ)/(T + δ) (age T, restarts R,
-δ its application's restart penalty). It then solves the integer program
+δ its application's restart penalty), if it holds one (a waiting job's are not scaled). It
+then solves the integer program
 
     minimise  Σ_jc x_jc·round(S_jc^p, 2) + λ_n·(J − Σ_jc x_jc)
     s.t.      Σ_c x_jc ≤ 1 (one configuration per job),
@@ -122,16 +123,19 @@ class SiaPolicy(TypedPolicy):
         return out
 
     def _realloc(self, state, job: TypedJobView, row: np.ndarray, configs) -> None:
+        """Scale every configuration but the one ``job`` holds by Pollux's reallocation
+        factor. A job that holds none (waiting, or never started) is not scaled: Sia's
+        ``__solve_mip_rescaled`` applies the factor only where the job has a previous
+        configuration (``prev_allocs_v2`` is None after a round without GPUs)."""
         delta = RESTART_PENALTY.get(job.application, 30.0)
         age = state.now - job.submit_time
-        if age < delta:
+        held = held_config(job, configs)
+        if age < delta or held is None:
             return
         factor = max(age - job.restarts * delta, 0.0) / (age + delta)
-        held = held_config(job, configs)
-        keep = row[held] if held is not None else None
+        keep = row[held]
         row *= factor
-        if held is not None:
-            row[held] = keep
+        row[held] = keep
 
     def allocate(self, state: TypedRoundState) -> dict[str, TypedAllocation]:
         if not state.jobs:
