@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from unipar.plan.calibrate_group import _sequence_parallel_overhead
+from unipar.runtime.calibrate_group import _sequence_parallel_overhead
 
 
 def _rank(rank: int, port: int, results: dict) -> None:  # type: ignore[type-arg]

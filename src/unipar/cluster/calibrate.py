@@ -1,6 +1,6 @@
 """Measure this machine's CPU as a planning target: matmul rate, the rate of memory-bound
 kernels, and, on two gloo worker processes, collectives and the framework's own cost per
-operation (:mod:`unipar.plan.calibrate_group`, run in its own processes: it measures
+operation (:mod:`unipar.runtime.calibrate_group`, run in its own processes: it measures
 against the planner's cost model). Measured once, then cached.
 """
 
@@ -244,11 +244,11 @@ def _measure() -> tuple[DeviceSpec, LinkSpec]:
 
 
 def measure_group(world: int = 2, timeout_s: float = 300) -> dict[str, float]:
-    """Run :mod:`unipar.plan.calibrate_group` on ``world`` local processes."""
+    """Run :mod:`unipar.runtime.calibrate_group` on ``world`` local processes."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "unipar.plan.calibrate_group"]
+    command = [sys.executable, "-m", "unipar.runtime.calibrate_group"]
     others = [
         subprocess.Popen(
             [*command, str(rank), str(world), str(port)],

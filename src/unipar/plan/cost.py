@@ -501,7 +501,7 @@ def _fsdp_framework_time(model: CostModel, plan: Plan, ranks: _RankTimes) -> flo
     makes each block a unit, plus one for the rest of each stage, uses FSDP whenever
     data parallelism meets sharding, tensor or pipeline parallelism, and syncs gradients
     on the last micro-batch only (``set_requires_gradient_sync``): what is per step is
-    paid once, however many micro-batches (the rates: :mod:`unipar.plan.calibrate_group`)."""
+    paid once, however many micro-batches (the rates: :mod:`unipar.runtime.calibrate_group`)."""
     mesh, device = plan.mesh, model.cluster.device
     if mesh.data_replicas == 1 or (mesh.fsdp, mesh.tp, mesh.pp) == (1, 1, 1):
         return 0.0

@@ -1,7 +1,7 @@
 """Tensor parallelism's collectives as the runtime runs them, per layer and micro-batch,
 and the partial gradients sequence parallelism leaves to the optimizer: counts for the
 cost model (:mod:`unipar.plan.cost`) and the CPU calibration
-(:mod:`unipar.plan.calibrate_group`). Pure.
+(:mod:`unipar.runtime.calibrate_group`). Pure.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Measure what a group of CPU worker processes costs beyond their arithmetic: gloo
 collectives and the framework's own work per operation. Run as two processes::
 
-    python -m unipar.plan.calibrate_group RANK WORLD PORT
+    python -m unipar.runtime.calibrate_group RANK WORLD PORT
 
 It sits with the planner because it measures against the planner's cost model (the
 sustained slowdown below is measured over predicted time); :mod:`unipar.cluster.calibrate`
@@ -46,10 +46,10 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
 
 from unipar.analysis.profile import analyze
 from unipar.cluster.calibrate import (
