@@ -3,8 +3,9 @@ collectives and the framework's own work per operation. Run as two processes::
 
     python -m unipar.runtime.calibrate_group RANK WORLD PORT
 
-It sits with the planner because it measures against the planner's cost model (the
-sustained slowdown below is measured over predicted time); :mod:`unipar.cluster.calibrate`
+It measures against the planner's cost model (the sustained slowdown below is measured
+over predicted time) and times the runtime's own sequence-parallel layouts, so it sits
+above both, in the runtime; :mod:`unipar.cluster.calibrate`
 starts it and turns its numbers into the CPU's :class:`~unipar.cluster.spec.DeviceSpec`.
 
 Rank 0 prints one JSON object:
@@ -157,7 +158,7 @@ class _NormPair(nn.Module):
 def _sequence_parallel_overhead(latency: float, bandwidth: float, blocks: int = 8) -> float:
     """What one tensor-parallel linear layer takes more per pass with sequence
     parallelism than without, beyond the collectives the cost model prices for each
-    (:func:`unipar.plan.cost.tp_collective_counts`): blocks of :class:`_NormPair`
+    (:func:`unipar.plan.tp_collectives.tp_collective_counts`): blocks of :class:`_NormPair`
     split by the runtime's own sequence-parallel layouts
     (:func:`unipar.runtime.parallel.sequence.sequence_parallel_styles`) against the
     same blocks under plain tensor parallelism, forward and backward on tiny tensors."""

@@ -97,7 +97,6 @@ class GlooLinks:
         ports = {int(store.get(f"{_PORT_KEY}{peer}")) for peer in range(world_size)
                  if peer != rank}
         if not own or 0 in ports:
-            self._inodes = frozenset()
             return
         self._inodes = frozenset(
             s.inode for s in sockets

@@ -125,7 +125,6 @@ class StopSignal:
                 self._stop_at = int(self.store.get(_STOP_AT))
         return self._stop_at is not None and step >= self._stop_at
 
-
     def first_to_fail(self) -> bool:
         """Called by a rank whose step failed: whether it is the first of its gang to say
         so (the store's compare-and-set is atomic). A rank that fails because a peer cut

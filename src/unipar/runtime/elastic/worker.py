@@ -111,6 +111,7 @@ class ElasticWorker:
         else start afresh; ``keep``: this rank already holds the state at ``start_step``
         (a replica that survived), re-wrapped as it is. Returns the first step to run."""
         leave()
+        self.links = GlooLinks()  # this gang's connections, none of an earlier gang's
         self.signal = join(
             rendezvous, rank, backend="nccl" if self.use_gpu else "gloo", timeout_s=timeout_s,
             links=self.links,
