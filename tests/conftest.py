@@ -1,4 +1,9 @@
-"""One embedded Ray instance for the whole test session (4 logical CPUs on any machine)."""
+"""One embedded Ray instance for the whole test session (4 logical CPUs on any machine).
+
+``make test`` runs two sessions side by side (pytest-xdist, ``-n 2 --dist loadfile``): each
+has its own Ray, and a file's tests stay in one session, so a module's fixture (the
+service test's cluster) is set up once. Test ids must be the same in both processes
+(no object addresses in them): xdist checks that both collected the same tests."""
 
 from __future__ import annotations
 

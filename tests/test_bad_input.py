@@ -299,7 +299,15 @@ JOB_FIELDS = [
 ]
 
 
-@pytest.mark.parametrize(("changes", "pattern"), JOB_FIELDS, ids=[str(c) for c, _ in JOB_FIELDS])
+def _field_id(changes: dict) -> str:
+    """A test id that is the same in every process (a function's repr holds its address,
+    which differs between pytest-xdist's workers)."""
+    return str({k: getattr(v, "__name__", v) if callable(v) else v for k, v in changes.items()})
+
+
+@pytest.mark.parametrize(
+    ("changes", "pattern"), JOB_FIELDS, ids=[_field_id(c) for c, _ in JOB_FIELDS]
+)
 def test_job_field(changes, pattern):
     with pytest.raises(ConfigError, match=pattern) as raised:
         _job(**changes)

@@ -153,8 +153,10 @@ def test_optuna_tpe_with_its_median_pruner(ray_cluster, tmp_path):
 
 
 def test_pbt_exploits_and_the_exploited_trial_continues_from_the_donor_step(ray_cluster, tmp_path):
-    # Each trial takes about 4 s, so the three run side by side: PBT compares live trials.
-    space = {"lr": {"loguniform": [1e-5, 3e-2]}, "steps": 16, "step_delay_s": 0.25}
+    # Each trial takes about 4 s, and the three take their first step together, so they
+    # run side by side: PBT compares live trials.
+    space = {"lr": {"loguniform": [1e-5, 3e-2]}, "steps": 16, "step_delay_s": 0.25,
+             "start_folder": str(tmp_path / "started"), "start_together": 3}
     result = _tune(tmp_path, space, num_samples=3, scheduler="pbt", perturbation_interval=4)
     assert (tmp_path / "x" / "pbt_global.txt").read_text().strip(), "no exploit happened"
     continued = []

@@ -1,7 +1,10 @@
 """The tiny job the tuning tests search over: an MLP whose learning rate, warm-up and
 weight decay come from the trial's config; ``kill_marker`` makes the worker SIGKILL its
 own process once, mid-run (while the marker file exists); ``step_delay_s`` slows each
-step, so that concurrent trials' reports overlap (PBT compares live trials only)."""
+step, so that concurrent trials' reports overlap (PBT compares live trials only), and
+``start_together`` (a count, with ``start_folder``) holds each trial's first step until that many
+trials have reached theirs: on a loaded machine the trials' workers start seconds apart,
+and a trial that starts after the others have passed their exploit points meets none."""
 
 from __future__ import annotations
 
@@ -32,12 +35,23 @@ class KillOnce:
 
 
 class SlowLoss:
-    """The MSE loss, after sleeping ``delay_s`` (one call per step: one micro-batch)."""
+    """The MSE loss, after sleeping ``delay_s`` (one call per step: one micro-batch); the
+    first call waits (up to 60 s) until ``together`` processes have made their first
+    call, each leaving a file in ``folder``."""
 
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
+    def __init__(self, delay_s: float, folder: str | None = None, together: int = 1) -> None:
+        self.delay_s, self.folder, self.together = delay_s, folder, together
+        self.started = False
 
     def __call__(self, outputs, targets):  # type: ignore[no-untyped-def]
+        if not self.started and self.folder:
+            folder = Path(self.folder)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / str(os.getpid())).touch()
+            deadline = time.monotonic() + 60
+            while len(list(folder.iterdir())) < self.together and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self.started = True
         time.sleep(self.delay_s)
         return mse_loss(outputs, targets)
 
@@ -52,5 +66,7 @@ def make_job(config: dict) -> object:
     if config.get("kill_marker"):
         job = replace(job, loss=KillOnce(config["kill_marker"], at=job.steps // 2))
     if config.get("step_delay_s"):
-        job = replace(job, loss=SlowLoss(float(config["step_delay_s"])))
+        together = int(config.get("start_together", 1))
+        loss = SlowLoss(float(config["step_delay_s"]), config.get("start_folder"), together)
+        job = replace(job, loss=loss)
     return job
