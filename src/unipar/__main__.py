@@ -1,5 +1,5 @@
 import sys
 
-from unipar.cli.main import main
+from unipar.cli.entry import main
 
 sys.exit(main())
