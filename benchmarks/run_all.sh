@@ -6,19 +6,25 @@
 # benchmark: its exit status, wall time, the load average before it, and its RESULT line.
 # A benchmark that fails (exit status 1: a failed check or a missed target) does not stop
 # the others. Run it on a quiet machine: load average under 1 at the start.
+# ONLY="plan_ranking ddp_vs_torchrun" runs those alone (the 3 hours split over quiet
+# windows); its summary then goes to summary-<first name>.txt.
 set -u
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-../.venv/bin/python}
 OUT=${OUT:-../bench-results}
 QUICK=${1:-}
 mkdir -p "$OUT"
-SUMMARY="$OUT/summary${QUICK:+-quick}.txt"
+ONLY=${ONLY:-}
+SUMMARY="$OUT/summary${QUICK:+-quick}${ONLY:+-${ONLY%% *}}.txt"
 : > "$SUMMARY"
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg) (want < 1)" | tee -a "$SUMMARY"
 
 run() {  # run NAME ARGS...: one benchmark, logged and summarised
   local name=$1
   shift
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then
+    return
+  fi
   local load began status
   load=$(cut -d' ' -f1 /proc/loadavg)
   began=$(date +%s)
