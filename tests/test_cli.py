@@ -108,3 +108,25 @@ def test_job_file_that_fails_to_import_is_one_line_and_the_users_frame(tmp_path)
     )
     assert frames == ['  File "my_job.py", line 2, in <module>', "    import no_such_module"]
     assert not (tmp_path / "unipar_runs").exists()
+
+
+def test_a_command_line_loads_only_its_own_commands_modules():
+    """``unipar jobs`` needs neither PyTorch nor the planner; ``unipar --help`` and a
+    mistyped command still list every command (about 1 s: two fresh interpreters)."""
+    probe = textwrap.dedent(
+        """
+        import contextlib, io, sys
+        from unipar.cli.entry import main
+        sys.argv = ["unipar", *sys.argv[1:]]
+        with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()) as out:
+            main()
+        print("torch" in sys.modules, "plan" in out.getvalue())
+        """
+    )
+    lines = [
+        subprocess.run([sys.executable, "-c", probe, *words], capture_output=True, text=True,
+                       timeout=120, check=True).stdout.split()
+        for words in (["jobs", "--help"], ["--help"])
+    ]
+    assert lines[0] == ["False", "False"]  # no PyTorch, and only its own command's help
+    assert lines[1][1] == "True"  # the whole list

@@ -1,37 +1,95 @@
-"""The ``unipar`` command: one subcommand per module of this package."""
+"""The ``unipar`` command: one subcommand per module of this package.
+
+A command line loads only the module of the command it names (``unipar jobs`` does not
+import PyTorch, which ``unipar plan`` needs); without one, or with a name that is no
+command, every module is loaded, so that ``--help`` and the error list them all."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
-from unipar.cli.calibrate import add_calibrate_parser
-from unipar.cli.plan import add_plan_parser
-from unipar.cli.report import add_report_parser
-from unipar.cli.service import add_service_parsers
-from unipar.cli.simulate import add_simulate_parser
-from unipar.cli.train import add_train_parser
-from unipar.cli.tune import add_tune_parser
 from unipar.errors import UniparError
 
+Commands = argparse._SubParsersAction
 
-def build_parser() -> argparse.ArgumentParser:
+# The imports below are deferred: each command's module loads its own dependencies
+# (PyTorch and the planner for train/plan/tune, Ray Tune, the scheduler's policies), and
+# a command line pays only for the command it runs.
+
+
+def _train(commands: Commands) -> None:
+    from unipar.cli.train import add_train_parser  # noqa: PLC0415 (deferred, above)
+
+    add_train_parser(commands)
+
+
+def _plan(commands: Commands) -> None:
+    from unipar.cli.plan import add_plan_parser  # noqa: PLC0415 (deferred, above)
+
+    add_plan_parser(commands)
+
+
+def _report(commands: Commands) -> None:
+    from unipar.cli.report import add_report_parser  # noqa: PLC0415 (deferred, above)
+
+    add_report_parser(commands)
+
+
+def _calibrate(commands: Commands) -> None:
+    from unipar.cli.calibrate import add_calibrate_parser  # noqa: PLC0415 (deferred, above)
+
+    add_calibrate_parser(commands)
+
+
+def _simulate(commands: Commands) -> None:
+    from unipar.cli.simulate import add_simulate_parser  # noqa: PLC0415 (deferred, above)
+
+    add_simulate_parser(commands)
+
+
+def _tune(commands: Commands) -> None:
+    from unipar.cli.tune import add_tune_parser  # noqa: PLC0415 (deferred, above)
+
+    add_tune_parser(commands)
+
+
+def _service(commands: Commands) -> None:
+    from unipar.cli.service import add_service_parsers  # noqa: PLC0415 (deferred, above)
+
+    add_service_parsers(commands)
+
+
+# Each command's name and what registers it, in the order `unipar --help` lists them.
+REGISTRARS: dict[str, Callable[[Commands], None]] = {
+    "train": _train,
+    "plan": _plan,
+    "report": _report,
+    "calibrate": _calibrate,
+    "simulate": _simulate,
+    "tune": _tune,
+    **dict.fromkeys(("up", "submit", "jobs", "logs", "cancel", "down"), _service),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of ``command`` alone where it names one."""
     parser = argparse.ArgumentParser(
         prog="unipar", description="Simple and automatic distributed machine learning on Ray."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    add_train_parser(commands)
-    add_plan_parser(commands)
-    add_report_parser(commands)
-    add_calibrate_parser(commands)
-    add_simulate_parser(commands)
-    add_tune_parser(commands)
-    add_service_parsers(commands)
+    only = REGISTRARS.get(command or "")
+    for registrar in dict.fromkeys(REGISTRARS.values()):
+        if only in (None, registrar):
+            registrar(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    command = next((word for word in words if not word.startswith("-")), None)
+    args = build_parser(command).parse_args(words)
     try:
         return args.handler(args)
     except UniparError as error:
