@@ -62,8 +62,9 @@ from unipar.plan.report import PlanReport
 from unipar.plan.report import plan as choose_plan
 from unipar.plan.strategy_search import Candidate
 from unipar.runtime.learn import measured_times, run_record
+from unipar.runtime.step_records import CheckpointPolicy
 from unipar.runtime.tracing import StepTracer, TraceRecord, attach_tracer, traced_step, traces
-from unipar.runtime.trainer import CheckpointPolicy, Trainer
+from unipar.runtime.trainer import Trainer
 from unipar.testing import RandomTokens
 
 CONFIG = GPTConfig(vocab_size=256, seq_len=128, hidden=128, layers=4, heads=4)

@@ -38,6 +38,7 @@ from unipar.models.gpt import GPTConfig
 from unipar.plan import Constraints, Plan, plan
 from unipar.plan.for_job import job_facts, job_model_spec
 from unipar.plan.representation import PipelineSchedule
+from unipar.runtime.step_records import CheckpointPolicy
 from unipar.runtime.tracing import (
     StepTracer,
     TracedAction,
@@ -46,7 +47,7 @@ from unipar.runtime.tracing import (
     traced_step,
     traced_steps,
 )
-from unipar.runtime.trainer import CheckpointPolicy, Trainer
+from unipar.runtime.trainer import Trainer
 from unipar.testing import tiny_gpt_job
 
 WORKERS = 2

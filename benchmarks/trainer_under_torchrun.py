@@ -16,7 +16,8 @@ import torch.distributed as dist
 from workload import job as workload_job
 
 from unipar.plan import Plan
-from unipar.runtime.trainer import CheckpointPolicy, Trainer
+from unipar.runtime.step_records import CheckpointPolicy
+from unipar.runtime.trainer import Trainer
 
 
 def main(steps: int, out: str) -> None:

@@ -19,7 +19,7 @@ from unipar.model_call import ModelCall
 from unipar.plan import PipelineSchedule, TensorParallelStyle
 from unipar.plan.for_job import job_model_spec
 from unipar.runtime.parallel import stages
-from unipar.runtime.parallel.parallelize import check_plan_for_model
+from unipar.runtime.parallel.model_checks import check_plan_for_model
 
 
 def test_blocks_found_at_depth_with_embeddings_first_and_head_last():

@@ -17,6 +17,7 @@ from unipar.plan import Plan
 from unipar.plan.for_job import job_facts
 from unipar.runtime.metrics import read_metrics
 from unipar.runtime.run import fit
+from unipar.runtime.step_records import CheckpointPolicy
 from unipar.runtime.tracing import (
     Attachment,
     StepTracer,
@@ -26,7 +27,7 @@ from unipar.runtime.tracing import (
     traced_step,
     traced_steps,
 )
-from unipar.runtime.trainer import CheckpointPolicy, Trainer
+from unipar.runtime.trainer import Trainer
 from unipar.testing import tiny_gpt_job
 from unipar.viz.schedule_order import ActionKind, _RecordingStage, pipeline_order
 from unipar.viz.trace import compare, predicted_run_timeline, write_trace

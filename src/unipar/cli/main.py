@@ -20,43 +20,43 @@ Commands = argparse._SubParsersAction
 
 
 def _train(commands: Commands) -> None:
-    from unipar.cli.train import add_train_parser  # noqa: PLC0415 (deferred, above)
+    from unipar.cli.train import add_train_parser  # noqa: PLC0415 (heavy: its own modules)
 
     add_train_parser(commands)
 
 
 def _plan(commands: Commands) -> None:
-    from unipar.cli.plan import add_plan_parser  # noqa: PLC0415 (deferred, above)
+    from unipar.cli.plan import add_plan_parser  # noqa: PLC0415 (heavy: its own modules)
 
     add_plan_parser(commands)
 
 
 def _report(commands: Commands) -> None:
-    from unipar.cli.report import add_report_parser  # noqa: PLC0415 (deferred, above)
+    from unipar.cli.report import add_report_parser  # noqa: PLC0415 (heavy: its own modules)
 
     add_report_parser(commands)
 
 
 def _calibrate(commands: Commands) -> None:
-    from unipar.cli.calibrate import add_calibrate_parser  # noqa: PLC0415 (deferred, above)
+    from unipar.cli.calibrate import add_calibrate_parser  # noqa: PLC0415 (heavy: its own modules)
 
     add_calibrate_parser(commands)
 
 
 def _simulate(commands: Commands) -> None:
-    from unipar.cli.simulate import add_simulate_parser  # noqa: PLC0415 (deferred, above)
+    from unipar.cli.simulate import add_simulate_parser  # noqa: PLC0415 (heavy: its own modules)
 
     add_simulate_parser(commands)
 
 
 def _tune(commands: Commands) -> None:
-    from unipar.cli.tune import add_tune_parser  # noqa: PLC0415 (deferred, above)
+    from unipar.cli.tune import add_tune_parser  # noqa: PLC0415 (heavy: its own modules)
 
     add_tune_parser(commands)
 
 
 def _service(commands: Commands) -> None:
-    from unipar.cli.service import add_service_parsers  # noqa: PLC0415 (deferred, above)
+    from unipar.cli.service import add_service_parsers  # noqa: PLC0415 (heavy: its own modules)
 
     add_service_parsers(commands)
 

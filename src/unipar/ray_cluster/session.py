@@ -47,10 +47,14 @@ logging.getLogger("ray._private.authentication.authentication_token_setup").addF
 # as they start (Ray's ``preload_python_modules``), while the driver loads the job, so a
 # training actor finds it imported (measured on 2 cores: an actor's ``import torch``
 # 3.8 s -> 0.2 s under load; unipar's worker and DCP a further 1.0 s once torch is in).
-# On a cluster started with ``ray start``, the same is
-# ``RAY_preload_python_modules=torch,torch.distributed.checkpoint,unipar.runtime.elastic.worker
-# ray start --head``.
-TRAINING_PRELOAD = ("torch", "torch.distributed.checkpoint", "unipar.runtime.elastic.worker")
+# On a cluster started with ``ray start``, the same is ``ray start --head`` with
+# ``RAY_preload_python_modules`` set to these names joined by commas.
+TRAINING_PRELOAD = (
+    "torch",
+    "torch.distributed.checkpoint",
+    "unipar.runtime.elastic.worker",
+    "unipar.runtime.trainer",
+)
 
 
 def start_ray(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from unipar.adapt.state import AdaptStats
-from unipar.runtime.trainer import StepReport
+from unipar.runtime.step_records import StepReport
 
 # The adaptive batch's figures drawn and logged over a run.
 ADAPT_CURVES = ("global_batch", "noise_scale", "efficiency", "goodput")

@@ -28,7 +28,7 @@ from unipar.runtime.callbacks import Callback
 from unipar.runtime.checkpoint import resume_point
 from unipar.runtime.config import RunConfig
 from unipar.runtime.fit_inputs import check_fit_inputs, check_size_target
-from unipar.runtime.parallel.parallelize import check_plan_for_model
+from unipar.runtime.parallel.model_checks import check_plan_for_model
 from unipar.runtime.servers.for_job import check_worth_serving_job, server_optimizer
 from unipar.runtime.tracing import traced_steps
 from unipar.viz.draw import require_plot_extra

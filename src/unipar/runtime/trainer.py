@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from unipar.adapt.state import AdaptState, AdaptStats
+from unipar.adapt.state import AdaptState
 from unipar.data.batch import Batch, collate, to_device, tokens_per_sample
 from unipar.data.sampler import GlobalBatchSampler, ShardedBatches
 from unipar.errors import ConfigError, UserCodeError
@@ -29,6 +28,7 @@ from unipar.runtime.parallel.data import apply_ddp
 from unipar.runtime.parallel.distributed_optimizer import build_optimizer
 from unipar.runtime.parallel.parallelize import ParallelModel, device_mesh_for, parallelize
 from unipar.runtime.step_context import step_context
+from unipar.runtime.step_records import CheckpointPolicy, StepReport
 from unipar.runtime.tracing import (
     Attachment,
     StepTracer,
@@ -38,35 +38,6 @@ from unipar.runtime.tracing import (
     traced_step,
     traces,
 )
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """What one worker measured in one optimizer step."""
-
-    step: int
-    rank: int
-    loss: float | None  # None where this rank computes no loss (early pipeline stages)
-    samples: int
-    tokens: int
-    seconds: float
-    lr: float
-    finished_at: float  # wall clock (time.time()) when the step ended on this worker
-    sample_ids: tuple[int, ...] = ()  # dataset indices this rank counted in ``samples``
-    adapt: AdaptStats | None = None  # the adaptive batch's figures (job.adaptive set)
-
-
-@dataclass(frozen=True)
-class CheckpointPolicy:
-    directory: Path
-    every: int
-    keep: int
-
-
-@dataclass(frozen=True)
-class TrainOutcome:
-    last_step: int
-    final_checkpoint: Path | None
 
 
 def _call_user(what: str, fn: Callable[[], object]) -> object:

@@ -94,8 +94,8 @@ from unipar.runtime.elastic.worker import (
 )
 from unipar.runtime.metrics import MetricsWriter, StepAggregator, StepMetrics
 from unipar.runtime.progress import ProgressBar
+from unipar.runtime.step_records import CheckpointPolicy, StepReport, TrainOutcome
 from unipar.runtime.tracing import TraceBatch, TraceRecord, steps_traced
-from unipar.runtime.trainer import CheckpointPolicy, StepReport, TrainOutcome
 
 _CLUSTER_CHECK_S = 1.0  # how often the cluster is asked for free room and draining nodes
 # (and at every poll while the size target has moved or joiners start up)

@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ray
 import torch
@@ -41,8 +42,11 @@ from unipar.runtime.elastic.snapshot import (
     save_to_memory,
 )
 from unipar.runtime.heap import settle_heap
+from unipar.runtime.step_records import CheckpointPolicy, StepReport, TrainOutcome
 from unipar.runtime.tracing import TraceBatch
-from unipar.runtime.trainer import CheckpointPolicy, StepReport, Trainer, TrainOutcome
+
+if TYPE_CHECKING:  # loaded in the worker's process only: _trainer_class
+    from unipar.runtime.trainer import Trainer
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,15 @@ def replicated(plan: Plan) -> bool:
     return mesh.fsdp == 1 and mesh.tp == 1 and mesh.pp == 1 and not plan.distributed_optimizer
 
 
+def _trainer_class() -> type[Trainer]:
+    """The Trainer, imported in the worker's process with what applying a plan needs
+    (DTensor, FSDP, pipelining). The driver imports this module for the actor's class
+    and never runs this: those imports were about 0.5 s of its start."""
+    from unipar.runtime.trainer import Trainer  # noqa: PLC0415 (deferred, heavy: above)
+
+    return Trainer
+
+
 class ElasticWorker:
     def __init__(
         self, job: Job, *, threads: int, use_gpu: bool, checkpoints: CheckpointPolicy
@@ -89,6 +102,7 @@ class ElasticWorker:
         self.committed = 0
         self.links = GlooLinks()
         _dcp()  # imported now, while the gang trains, not during a resize
+        _trainer_class()  # imported now, as the actor starts
 
     def describe(self) -> tuple[int, str, str, dict[str, float]]:
         """(process id, node IP, Ray node id, assigned resources) of this worker."""
@@ -123,7 +137,7 @@ class ElasticWorker:
         # A kept trainer is replaced only once the new one holds the state: if this
         # formation breaks (a peer lost meanwhile), this rank still holds its state as it
         # was, for the next formation to keep or export.
-        trainer = Trainer(
+        trainer = _trainer_class()(
             self.job,
             plan,
             rank=rank,

@@ -44,6 +44,7 @@ from unipar.runtime.parallel.context import (
 )
 from unipar.runtime.parallel.data import apply_ddp, apply_fully_shard, uses_fully_shard
 from unipar.runtime.parallel.distributed_optimizer import check_distributed_optimizer
+from unipar.runtime.parallel.model_checks import check_plan_for_model
 from unipar.runtime.parallel.recompute import apply_recompute
 from unipar.runtime.parallel.tensor import (
     apply_tensor_parallel,
@@ -260,36 +261,6 @@ def _fsdp_no_sync(module: Any, keep_gathered: bool):  # type: ignore[no-untyped-
         module.set_requires_gradient_sync(True)
         if keep_gathered:
             module.set_reshard_after_backward(True)
-
-
-def check_plan_for_model(
-    model: nn.Module, plan: Plan, sample: Any = None, call: ModelCall = ModelCall.POSITIONAL
-) -> None:
-    """Raise :class:`UnsupportedPlanError` if ``model`` (on any device, the meta device
-    is enough) cannot take ``plan``. Nothing distributed is needed. ``sample``: a batch
-    of inputs (taken ``call``'s way), on which pipeline stages are run one after another
-    (on the meta device: types and shapes) to check that they compose."""
-    if plan.mesh.tp > 1:
-        _check_ties_sharded_alike(model, tensor_parallel_roles(model, plan))
-    if plan.mesh.pp > 1:
-        stage_cuts.check_pipeline_layers(model, plan)
-        if sample is not None:
-            chunks = stage_cuts.stage_layer_names(model, plan)
-            stage_cuts.check_stages_compose(model, chunks, sample, call)
-
-
-def _check_ties_sharded_alike(model: nn.Module, roles: dict[str, str]) -> None:
-    """A tied parameter stays one tensor (or, split across pipeline stages, copies
-    summed element by element), so tensor parallel must shard its users alike."""
-    for names in stage_cuts.tied_parameters(model):
-        owners = [name.rpartition(".")[0] for name in names]
-        styles = {role.value if (role := roles.get(owner)) else "replicate" for owner in owners}
-        if len(styles) > 1:
-            raise UnsupportedPlanError(
-                f"layers {owners} share a parameter (tied weights), but the plan's tensor "
-                f"parallel splits them differently ({sorted(styles)}); give them the same "
-                "tensor-parallel style (the planner splits both along the vocabulary)"
-            )
 
 
 def parallelize(
