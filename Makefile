@@ -22,7 +22,8 @@ test: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25 -m "not alone" tests
+	$(BIN)/python -m pytest -q -m alone tests
 
 # The documentation site in site/ (open site/index.html): strict, so a warning fails it.
 docs: setup

@@ -3,7 +3,8 @@
 ``make test`` runs two sessions side by side (pytest-xdist, ``-n 2 --dist loadfile``): each
 has its own Ray, and a file's tests stay in one session, so a module's fixture (the
 service test's cluster) is set up once. Test ids must be the same in both processes
-(no object addresses in them): xdist checks that both collected the same tests."""
+(no object addresses in them): xdist checks that both collected the same tests. Tests
+marked ``alone`` run after, in a session of their own with nothing beside it."""
 
 from __future__ import annotations
 
