@@ -20,10 +20,10 @@ SHORT_COMMANDS = frozenset({"plan"})  # run to the end without the cyclic collec
 def main() -> int:
     gc.disable()
     # deferred so that it loads with collection paused (torch, the planner)
+    from unipar.cli.main import command_named  # noqa: PLC0415 (heavy: collection paused)
     from unipar.cli.main import main as run_command  # noqa: PLC0415 (heavy: collection paused)
 
-    command = next((word for word in sys.argv[1:] if not word.startswith("-")), None)
-    if command not in SHORT_COMMANDS:
+    if command_named(sys.argv[1:]) not in SHORT_COMMANDS:
         gc.freeze()
         gc.enable()
     return run_command()

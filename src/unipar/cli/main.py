@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from unipar.errors import UniparError
 
@@ -73,6 +73,11 @@ REGISTRARS: dict[str, Callable[[Commands], None]] = {
 }
 
 
+def command_named(words: Sequence[str]) -> str | None:
+    """The command a command line names: its first word that is not an option."""
+    return next((word for word in words if not word.startswith("-")), None)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or of ``command`` alone where it names one."""
     parser = argparse.ArgumentParser(
@@ -88,8 +93,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    command = next((word for word in words if not word.startswith("-")), None)
-    args = build_parser(command).parse_args(words)
+    args = build_parser(command_named(words)).parse_args(words)
     try:
         return args.handler(args)
     except UniparError as error:
