@@ -8,8 +8,7 @@ a few seconds of timing."""
 
 from __future__ import annotations
 
-import os
-import socket
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -18,23 +17,27 @@ import torch.multiprocessing as mp
 from unipar.runtime.calibrate_group import _sequence_parallel_overhead
 
 
-def _rank(rank: int, port: int, results: dict) -> None:  # type: ignore[type-arg]
+def _rank(rank: int, store_file: str, results: dict) -> None:  # type: ignore[type-arg]
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    # a file store, not a TCP port: no port another test process could take between
+    # choosing it and binding it
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_file}", rank=rank, world_size=2
+    )
     try:
         results[rank] = _sequence_parallel_overhead(1e-4, 1e9, blocks=4)
+        dist.barrier()  # neither rank leaves while the other still talks to it
     finally:
         dist.destroy_process_group()
 
 
-def test_sequence_parallel_layouts_cost_more_than_plain_tensor_parallelism():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+def test_sequence_parallel_layouts_cost_more_than_plain_tensor_parallelism(
+    tmp_path: Path,
+):
+    store_file = str(tmp_path / "store")
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_rank, args=(port, results), nprocs=2, join=True)
+        mp.spawn(_rank, args=(store_file, results), nprocs=2, join=True)
         overhead = dict(results)
     # per split module and pass: above nothing, below 50 ms (a calibration of this
     # machine measured 1.1 ms at load 5-7)

@@ -382,6 +382,7 @@ def main(rank: int, world: int, port: int) -> None:
     runs = [_fsdp_overheads(latency, bandwidth) for _ in range(2)]  # noise only adds
     fsdp = FsdpOverheads(*(min(values) for values in zip(*(astuple(r) for r in runs), strict=True)))
     slowdown = _sustained_slowdown(arithmetic, op_overhead)
+    dist.barrier()  # no rank leaves while another still talks to it
     dist.destroy_process_group()
     if rank == 0:
         print(
