@@ -134,13 +134,16 @@ def _assert_same_losses(result, reference: list[float]) -> None:  # type: ignore
     )
 
 
-def _run_shrink_and_grow(tmp_path, plan, reference, *, snapshot_every=None):  # type: ignore[no-untyped-def]
+def _run_shrink_and_grow(tmp_path, plan, reference, *, snapshot_every=None, most=2):  # type: ignore[no-untyped-def]
+    """Rank 1 of ``most`` workers killed at step 8: the gang shrinks to half (the least
+    size the plan takes), then grows back when the resources are free again."""
     job = slow_mlp_job(fast_once=tmp_path / "scenario-over")
     run = dict(plan=plan, **RUN)
     killer = KillOnce(at=8, rank=1, checkpoints=tmp_path / "elastic" / "checkpoints")
+    half = most // 2
     result = fit(
         job,
-        workers=(1, 2),
+        workers=(half, most),
         run_dir=tmp_path / "elastic",
         callbacks=[killer, ScenarioOver(tmp_path / "scenario-over")],
         snapshot_every=snapshot_every,
@@ -150,14 +153,14 @@ def _run_shrink_and_grow(tmp_path, plan, reference, *, snapshot_every=None):  # 
     # No checkpoint was on disk when the worker died: the state came from memory.
     assert killer.on_disk_at_kill == []
     sizes = [(e.old, e.new) for e in result.resizes]
-    assert sizes[:2] == [(2, 1), (1, 2)], result.resizes
+    assert sizes[:2] == [(most, half), (half, most)], result.resizes
     assert "worker lost" in result.resizes[0].reason
     assert result.resizes[1].reason == "resources free"
     events = read_events(result.metrics_path)
-    assert [(e["old"], e["new"]) for e in events][:2] == [(2, 1), (1, 2)]
+    assert [(e["old"], e["new"]) for e in events][:2] == [(most, half), (half, most)]
     _check_samples(result, job)
     _assert_same_losses(result, reference)
-    assert "2\u21921 at step" in result.summary()
+    assert f"{most}\u2192{half} at step" in result.summary()
     return result
 
 
@@ -209,6 +212,17 @@ def test_sharded_plans_shrink_and_grow_from_memory(ray_cluster, reference_losses
     result = _run_shrink_and_grow(tmp_path, plan, reference_losses, snapshot_every=5)
     # Rolled back at most to the last snapshot: steps redone, same losses, same samples.
     assert result.resizes[0].step % 5 == 0
+
+
+def test_an_hsdp_gang_shrinks_and_grows_back_to_its_first_mesh(
+    ray_cluster, reference_losses, tmp_path
+):
+    """dp 2 x fsdp 2, then fsdp 2 alone, then dp 2 x fsdp 2 again: the survivors build a
+    mesh equal to their first one, which DTensor's caches (keyed by mesh equality) must
+    not answer with the first gang's process groups (they did: "Could not resolve the
+    process group registered under the name 5" in the grown gang's formation)."""
+    plan = Plan(mesh=Mesh(dp=2, fsdp=2), microbatch_size=2)
+    _run_shrink_and_grow(tmp_path, plan, reference_losses, snapshot_every=5, most=4)
 
 
 def test_a_job_the_workers_cannot_unpickle_names_the_cause(ray_cluster, tmp_path, monkeypatch):

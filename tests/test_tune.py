@@ -87,6 +87,9 @@ def test_space_from_yaml(tmp_path):
         ({"searcher": "hyperopt", "space": {"lr": {"grid": [0.1, 0.2]}}}, "cannot enumerate"),
         ({"plan": object()}, "plan must be a Plan"),
         ({"gpus_per_worker": -1}, "gpus_per_worker"),
+        ({"grace_steps": 0}, "grace_steps must be at least 1"),
+        ({"grace_steps": 9}, r"grace_steps \(9\) is more than the most steps a trial runs \(8\)"),
+        ({"reduction_factor": 1}, "reduction_factor must be at least 2"),
     ],
 )
 def test_bad_settings_are_refused(tmp_path, kwargs, words):
@@ -241,7 +244,7 @@ def test_pbt_mutates_a_grid_parameter_over_its_values():
 
     space = load_space({"lr": {"loguniform": [1e-4, 1e-1]}, "seed": {"grid": [0, 1]}})
     pbt = build_scheduler(SchedulerKind.PBT, space, max_steps=10, grace_steps=2,
-                          perturbation_steps=2, seed=0)
+                          reduction_factor=2, perturbation_steps=2, seed=0)
     assert pbt._hyperparam_mutations["seed"] == [0, 1]
 
 
@@ -441,13 +444,29 @@ def test_a_trial_keeps_every_checkpoint_it_writes(steps):
     assert keep >= written >= min(steps, 8)
 
 
+@pytest.mark.parametrize(
+    ("grace", "factor", "rungs"),
+    [(6, 2, [6, 12, 24, 48]), (12, 2, [12, 24, 48]), (3, 4, [3, 12, 48])],
+)
+def test_asha_stops_at_the_rungs_its_grace_and_factor_give(grace, factor, rungs):
+    """Ray's ASHA itself, built as tune() builds it: its rungs over 48 steps are the
+    grace times powers of the factor below the end (the last step is no rung)."""
+    from unipar.tuning.choices import SchedulerKind, build_scheduler
+
+    asha = build_scheduler(SchedulerKind.ASHA, load_space(SPACE), max_steps=48,
+                           grace_steps=grace, reduction_factor=factor,
+                           perturbation_steps=2, seed=0)
+    levels = sorted(level for level, _ in asha._brackets[0]._rungs)
+    assert levels == rungs
+
+
 def test_pb2_without_scikit_learn_names_it(monkeypatch):
     from unipar.tuning.choices import SchedulerKind, build_scheduler
 
     monkeypatch.setitem(sys.modules, "sklearn", None)  # import sklearn fails
     with pytest.raises(ConfigError, match=r"needs scikit-learn.*pip install scikit-learn`"):
         build_scheduler(SchedulerKind.PB2, load_space(SPACE), max_steps=8, grace_steps=2,
-                        perturbation_steps=2, seed=0)
+                        reduction_factor=2, perturbation_steps=2, seed=0)
 
 
 @pytest.mark.parametrize(("mode", "order"), [("min", "abcn"), ("max", "cban")])

@@ -22,6 +22,11 @@ def add_tune_parser(commands: Any) -> None:
     tune.add_argument("--searcher", default="random", choices=[k.value for k in SearcherKind])
     tune.add_argument("--scheduler", default="asha", choices=[k.value for k in SchedulerKind])
     tune.add_argument("--workers-per-trial", type=int, default=1)
+    tune.add_argument("--grace-steps", type=int, default=None,
+                      help="steps before ASHA or the median rule may stop a trial "
+                      "(default: an eighth of the steps)")
+    tune.add_argument("--reduction-factor", type=int, default=2,
+                      help="ASHA/HyperBand keep one trial in this many at each rung")
     tune.add_argument("--seed", type=int, default=0, help="the searcher's sampling seed")
     tune.add_argument("--max-concurrent", type=int, default=None,
                       help="trials at once (default: as many as the cluster holds)")
@@ -64,6 +69,8 @@ def _tune(args: argparse.Namespace) -> int:
         scheduler=args.scheduler,
         workers_per_trial=args.workers_per_trial,
         seed=args.seed,
+        grace_steps=args.grace_steps,
+        reduction_factor=args.reduction_factor,
         max_concurrent=args.max_concurrent,
         resume=args.resume,
         name=args.name,

@@ -91,6 +91,8 @@ def tune(
     seed: int | None = 0,
     max_failures: int = 2,
     perturbation_interval: int | None = None,
+    grace_steps: int | None = None,
+    reduction_factor: int = 2,
     progress: bool = True,
     plot: bool = True,
     address: str | None = None,
@@ -103,7 +105,11 @@ def tune(
     ``searcher``: random, grid, optuna (TPE) or hyperopt; ``scheduler``: fifo, asha,
     hyperband, median, pbt or pb2. ``pruner``: any Optuna pruner (needs the optuna
     searcher). ``perturbation_interval``: steps between PBT/PB2 exploits (default a quarter
-    of the job's steps). ``resume``: continue the experiment ``name`` under ``storage_path``
+    of the job's steps). ``grace_steps``: steps every trial runs before ASHA or the median
+    rule may stop it (default an eighth of the most steps a trial runs);
+    ``reduction_factor``: ASHA and HyperBand keep one trial in this many at each rung
+    (default 2: rungs at an eighth, a quarter and half of the steps). ``resume``:
+    continue the experiment ``name`` under ``storage_path``
     (Tune's experiment restore; finished trials are not rerun). ``plot``: draw
     ``loss_curves.png`` (needs the ``plot`` extra, checked before any trial starts); the
     table and ``results.json`` are written first either way. ``seed``: the searcher's
@@ -118,6 +124,7 @@ def tune(
             f"max_concurrent must be at least 1 (or None: no limit), but got {max_concurrent}"
         )
     _check_pairing(searcher_kind, scheduler_kind)
+    _check_rungs(grace_steps, reduction_factor)
     if searcher_kind is SearcherKind.OPTUNA:  # a space Optuna cannot sample fails now
         optuna_distributions(space_)
     if plot:
@@ -127,6 +134,12 @@ def tune(
         job, plan, workers_per_trial, cpus_per_worker, gpus_per_worker, max_failures
     )
     most_steps = _most_steps(make_job, space_, job.steps)  # a searched `steps` varies it
+    if grace_steps is not None and grace_steps > most_steps:
+        raise ConfigError(
+            f"grace_steps ({grace_steps}) is more than the most steps a trial runs "
+            f"({most_steps}), so no trial could ever be stopped; pass at most {most_steps}, "
+            "or scheduler='fifo'"
+        )
     name = name or f"{job.name}-tune"
     experiment = Path(storage_path).resolve() / name
     with ray_session(address):
@@ -157,6 +170,8 @@ def tune(
                 storage=experiment.parent,
                 progress=progress,
                 perturbation_steps=perturbation_interval or max(1, job.steps // 4),
+                grace_steps=grace_steps or max(1, most_steps // 8),
+                reduction_factor=reduction_factor,
             )
         grid = tuner.fit()
         return _collect(grid, metric, mode, experiment, plot)
@@ -197,6 +212,19 @@ def _trial_settings(
     )
     preflight(job, settings)
     return settings
+
+
+def _check_rungs(grace_steps: int | None, reduction_factor: int) -> None:
+    if grace_steps is not None and grace_steps < 1:
+        raise ConfigError(
+            f"grace_steps must be at least 1 (or None: an eighth of the steps), but got "
+            f"{grace_steps}"
+        )
+    if reduction_factor < 2:
+        raise ConfigError(
+            f"reduction_factor must be at least 2 (each rung keeps one trial in that many), "
+            f"but got {reduction_factor}"
+        )
 
 
 def _check_pairing(searcher: SearcherKind, scheduler: SchedulerKind) -> None:
@@ -272,6 +300,8 @@ def _new_tuner(
     storage: Path,
     progress: bool,
     perturbation_steps: int,
+    grace_steps: int,
+    reduction_factor: int,
 ) -> Any:
     # A trial that reached its job's last step is done: no scheduler may pause it then.
     stops: list[Any] = [FunctionStopper(_at_last_step)]
@@ -291,7 +321,8 @@ def _new_tuner(
         scheduler_kind,
         space,
         max_steps=steps,
-        grace_steps=max(1, steps // 4),
+        grace_steps=grace_steps,
+        reduction_factor=reduction_factor,
         perturbation_steps=perturbation_steps,
         seed=seed,
     )

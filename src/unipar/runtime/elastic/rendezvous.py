@@ -33,6 +33,7 @@ import ray
 import torch.distributed as dist
 
 from unipar.runtime.elastic.gloo_links import GlooLinks, socket_inodes
+from unipar.runtime.parallel.mesh_caches import forget_meshes
 
 _STOP = "unipar/stop"
 _STOP_AT = "unipar/stop_at"
@@ -185,6 +186,8 @@ def join(
 
 
 def leave() -> None:
-    """Destroy this rank's process group, if any (also after a peer died)."""
+    """Destroy this rank's process group, if any (also after a peer died), and forget
+    DTensor's answers about its meshes (:mod:`unipar.runtime.parallel.mesh_caches`)."""
     if dist.is_initialized():
         dist.destroy_process_group()
+    forget_meshes()
