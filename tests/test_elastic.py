@@ -33,6 +33,7 @@ from unipar.models.mlp import MLP, MLPConfig
 from unipar.plan import Plan
 from unipar.plan.representation import Mesh
 from unipar.runtime.checkpoint import list_checkpoints
+from unipar.runtime.elastic.formation import SURVIVOR_GRACE_S
 from unipar.runtime.metrics import read_events
 from unipar.testing import SlowRegression, mse_loss, single_process_losses
 
@@ -134,12 +135,13 @@ def _assert_same_losses(result, reference: list[float]) -> None:  # type: ignore
     )
 
 
-def _run_shrink_and_grow(tmp_path, plan, reference, *, snapshot_every=None, most=2):  # type: ignore[no-untyped-def]
-    """Rank 1 of ``most`` workers killed at step 8: the gang shrinks to half (the least
-    size the plan takes), then grows back when the resources are free again."""
+def _run_shrink_and_grow(tmp_path, plan, reference, *, snapshot_every=None, most=2,  # type: ignore[no-untyped-def]
+                         killed=1):
+    """Rank ``killed`` of ``most`` workers killed at step 8: the gang shrinks to half (the
+    least size the plan takes), then grows back when the resources are free again."""
     job = slow_mlp_job(fast_once=tmp_path / "scenario-over")
     run = dict(plan=plan, **RUN)
-    killer = KillOnce(at=8, rank=1, checkpoints=tmp_path / "elastic" / "checkpoints")
+    killer = KillOnce(at=8, rank=killed, checkpoints=tmp_path / "elastic" / "checkpoints")
     half = most // 2
     result = fit(
         job,
@@ -214,7 +216,7 @@ def test_sharded_plans_shrink_and_grow_from_memory(ray_cluster, reference_losses
     assert result.resizes[0].step % 5 == 0
 
 
-def test_an_hsdp_gang_shrinks_and_grows_back_to_its_first_mesh(
+def test_an_hsdp_gang_shrinks_at_once_and_grows_back_to_its_first_mesh(
     ray_cluster, reference_losses, tmp_path
 ):
     """dp 2 x fsdp 2, then fsdp 2 alone, then dp 2 x fsdp 2 again: the survivors build a
@@ -222,7 +224,12 @@ def test_an_hsdp_gang_shrinks_and_grows_back_to_its_first_mesh(
     not answer with the first gang's process groups (they did: "Could not resolve the
     process group registered under the name 5" in the grown gang's formation)."""
     plan = Plan(mesh=Mesh(dp=2, fsdp=2), microbatch_size=2)
-    _run_shrink_and_grow(tmp_path, plan, reference_losses, snapshot_every=5, most=4)
+    result = _run_shrink_and_grow(tmp_path, plan, reference_losses, snapshot_every=5, most=4,
+                                  killed=3)
+    # every survivor left its step when the killed rank's peers cut their connections,
+    # those of the mesh's groups included: none sat out the grace after which the
+    # controller gives a survivor up (each did, 30 s, while only the world group's were)
+    assert result.resizes[0].seconds < SURVIVOR_GRACE_S, result.resizes[0]
 
 
 def test_a_job_the_workers_cannot_unpickle_names_the_cause(ray_cluster, tmp_path, monkeypatch):

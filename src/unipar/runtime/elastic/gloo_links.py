@@ -16,8 +16,12 @@ all end their step within the poll interval.
 How: the sockets the process opens while ``init_process_group`` runs include gloo's
 listening socket; each rank publishes that port in the gang's store. A connection is
 gloo's when one of its ends is a rank's listening port: a local end on ours (accepted
-from a peer) or a remote end on a peer's (connected to it). Linux only (``/proc``);
-elsewhere nothing is recorded and nothing is cut.
+from a peer) or a remote end on a peer's (connected to it). A plan's device mesh adds a
+gloo group per mesh dimension, each with a listening socket and connections of its own
+(a survivor of an HSDP gang waited in its replica group's all-reduce for the whole
+timeout, 30 s, while only the world group's connections were cut): so the record is
+taken again once the gang is formed, over every socket opened since the first. Linux
+only (``/proc``); elsewhere nothing is recorded and nothing is cut.
 """
 
 from __future__ import annotations
@@ -84,23 +88,41 @@ class GlooLinks:
 
     def __init__(self) -> None:
         self._inodes: frozenset[int] = frozenset()
+        self._before: dict[int, int] | None = None  # the sockets before the first group
+        self._records = 0
 
     def record(self, store: dist.Store, rank: int, world_size: int,
                before: dict[int, int]) -> None:
         """After ``init_process_group``: ``before`` is :func:`socket_inodes` taken just
         before it. Every rank of the gang calls this (it waits for the others' ports)."""
-        new = set(socket_inodes()) - set(before)
-        sockets = _tcp_sockets(new)
-        listeners = [s.local_port for s in sockets if s.listening]
-        own = listeners[0] if len(listeners) == 1 else 0  # 0: unknown, none cut
-        store.set(f"{_PORT_KEY}{rank}", str(own))
-        ports = {int(store.get(f"{_PORT_KEY}{peer}")) for peer in range(world_size)
-                 if peer != rank}
-        if not own or 0 in ports:
+        self._before = before
+        self._take(store, rank, world_size)
+
+    def record_again(self, store: dist.Store, rank: int, world_size: int) -> None:
+        """Once the gang is formed (its mesh's groups made): the connections of every
+        group since :meth:`record`. Every rank of the gang calls this."""
+        if self._before is not None:
+            self._take(store, rank, world_size)
+
+    def _take(self, store: dist.Store, rank: int, world_size: int) -> None:
+        assert self._before is not None
+        self._records += 1
+        sockets = _tcp_sockets(set(socket_inodes()) - set(self._before))
+        own = {s.local_port for s in sockets if s.listening}
+        prefix = f"{_PORT_KEY}{self._records}/"
+        store.set(f"{prefix}{rank}", ",".join(map(str, sorted(own))))
+        peers: set[int] = set()
+        for peer in range(world_size):
+            if peer != rank:
+                published = store.get(f"{prefix}{peer}").decode()
+                if not published:  # a peer's ports unknown: none cut
+                    return
+                peers.update(int(port) for port in published.split(","))
+        if not own:
             return
         self._inodes = frozenset(
             s.inode for s in sockets
-            if not s.listening and (s.local_port == own or s.remote_port in ports)
+            if not s.listening and (s.local_port in own or s.remote_port in peers)
         )
 
     def cut(self) -> int:

@@ -162,6 +162,8 @@ class ElasticWorker:
                 )
                 trainer.start_step = start_step
         self.trainer, self.committed = trainer, trainer.start_step
+        if rendezvous.world_size > 1 and not self.use_gpu:  # the mesh's gloo groups too
+            self.links.record_again(self.signal.store, rank, rendezvous.world_size)
         settle_heap()
         return trainer.start_step
 
