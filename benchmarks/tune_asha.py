@@ -119,12 +119,14 @@ def held_out_losses(experiment: Path, steps: int) -> dict[str, float]:
     return out
 
 
-def experiment(scheduler: str, steps: int, root: Path, name: str) -> Experiment:
+def experiment(scheduler: str, steps: int, root: Path, name: str, *,
+               grace_steps: int | None = None, reduction_factor: int = 2) -> Experiment:
     space = {"lr": {"grid": list(LRS)}, "warmup": {"grid": list(WARMUPS)},
              "weight_decay": {"grid": list(DECAYS)}, "steps": steps}
     began = time.perf_counter()
     result = tune(make_job, space, num_samples=1, searcher="grid", scheduler=scheduler,
-                  workers_per_trial=1, storage_path=root, name=name, progress=False, plot=False)
+                  workers_per_trial=1, storage_path=root, name=name, progress=False, plot=False,
+                  grace_steps=grace_steps, reduction_factor=reduction_factor)
     out = Experiment(steps_run(result.curves), held_out_losses(root / name, steps))
     print(f"  {scheduler}: {out.steps_run} trial steps, {len(out.held_out)} trials to the end, "
           f"best held-out {best_held_out(out):.4f} ({time.perf_counter() - began:.0f} s)",
@@ -193,6 +195,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None, help="full length of a trial")
     parser.add_argument("--cpus", type=int, default=4)
+    parser.add_argument("--grace-steps", type=int, default=None,
+                        help="ASHA's grace (default: unipar.tune's, an eighth of the steps)")
+    parser.add_argument("--reduction-factor", type=int, default=2,
+                        help="ASHA's reduction factor (default: unipar.tune's, 2)")
     add_common_arguments(parser)
     args = parser.parse_args()
     repeats = repeats_of(args, quick=1)
@@ -204,8 +210,11 @@ def main() -> int:
         root = Path(directory)
         full = experiment("fifo", steps, root, "full")
         counter = iter(range(10**6))
-        asha = alternate({"asha": lambda: experiment("asha", steps, root, f"asha-{next(counter)}")},
-                         repeats, log=log)["asha"]
+        asha = alternate(
+            {"asha": lambda: experiment("asha", steps, root, f"asha-{next(counter)}",
+                                        grace_steps=args.grace_steps,
+                                        reduction_factor=args.reduction_factor)},
+            repeats, log=log)["asha"]
         starts = alternate(
             {"unipar": lambda: unipar_first_step(root, f"start-unipar-{next(counter)}"),
              "ray train": lambda: ray_train_first_step(root, f"start-ray-{next(counter)}")},
