@@ -120,7 +120,7 @@ def held_out_losses(experiment: Path, steps: int) -> dict[str, float]:
 
 
 def experiment(scheduler: str, steps: int, root: Path, name: str, *,
-               grace_steps: int | None = None, reduction_factor: int = 2) -> Experiment:
+               grace_steps: int | None = None, reduction_factor: int = 4) -> Experiment:
     space = {"lr": {"grid": list(LRS)}, "warmup": {"grid": list(WARMUPS)},
              "weight_decay": {"grid": list(DECAYS)}, "steps": steps}
     began = time.perf_counter()
@@ -197,8 +197,8 @@ def main() -> int:
     parser.add_argument("--cpus", type=int, default=4)
     parser.add_argument("--grace-steps", type=int, default=None,
                         help="ASHA's grace (default: unipar.tune's, an eighth of the steps)")
-    parser.add_argument("--reduction-factor", type=int, default=2,
-                        help="ASHA's reduction factor (default: unipar.tune's, 2)")
+    parser.add_argument("--reduction-factor", type=int, default=4,
+                        help="ASHA's reduction factor (default: unipar.tune's, 4)")
     add_common_arguments(parser)
     args = parser.parse_args()
     repeats = repeats_of(args, quick=1)

@@ -92,7 +92,7 @@ def tune(
     max_failures: int = 2,
     perturbation_interval: int | None = None,
     grace_steps: int | None = None,
-    reduction_factor: int = 2,
+    reduction_factor: int = 4,
     progress: bool = True,
     plot: bool = True,
     address: str | None = None,
@@ -108,7 +108,8 @@ def tune(
     of the job's steps). ``grace_steps``: steps every trial runs before ASHA or the median
     rule may stop it (default an eighth of the most steps a trial runs);
     ``reduction_factor``: ASHA and HyperBand keep one trial in this many at each rung
-    (default 2: rungs at an eighth, a quarter and half of the steps). ``resume``:
+    (default 4, Ray Tune's and the ASHA paper's: rungs at an eighth and half of the
+    steps). ``resume``:
     continue the experiment ``name`` under ``storage_path``
     (Tune's experiment restore; finished trials are not rerun). ``plot``: draw
     ``loss_curves.png`` (needs the ``plot`` extra, checked before any trial starts); the

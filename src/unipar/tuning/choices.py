@@ -91,9 +91,9 @@ def build_scheduler(
     Algorithm 2) stops a trial at a rung of ``grace_steps * reduction_factor**k`` steps
     unless it is in the top ``1 / reduction_factor`` of the trials that reached that rung;
     run synchronously, n trials of S steps then cost
-    ``sum_k n / rf**k * (rung_k - rung_{k-1})`` steps, e.g. 5/16 of ``n * S`` with a grace
-    of S/8 and a factor of 2 (rungs S/8, S/4, S/2). Asynchronous promotion, ASHA's point,
-    lets early arrivals through more easily, so the measured share is somewhat above it."""
+    ``sum_k n / rf**k * (rung_k - rung_{k-1})`` steps, e.g. 1/4 of ``n * S`` with a grace
+    of S/8 and a factor of 4 (rungs S/8, S/2). Asynchronous promotion, ASHA's point, lets
+    early arrivals through more easily, so the measured share is above it."""
     from ray.tune import schedulers  # noqa: PLC0415 (heavy: Ray Tune)
 
     if kind is SchedulerKind.FIFO:
