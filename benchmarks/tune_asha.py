@@ -40,6 +40,7 @@ from unipar.optimizer import LRSchedule, OptimizerSpec, ScheduleKind
 from unipar.ray_cluster.session import start_ray
 from unipar.recipes import gpt_stdlib
 from unipar.tuning.api import tune
+from unipar.tuning.choices import DEFAULT_REDUCTION_FACTOR
 
 LRS = (3e-4, 1e-3, 3e-3, 1e-2)
 WARMUPS = (0, 8)
@@ -120,7 +121,8 @@ def held_out_losses(experiment: Path, steps: int) -> dict[str, float]:
 
 
 def experiment(scheduler: str, steps: int, root: Path, name: str, *,
-               grace_steps: int | None = None, reduction_factor: int = 4) -> Experiment:
+               grace_steps: int | None = None,
+               reduction_factor: int = DEFAULT_REDUCTION_FACTOR) -> Experiment:
     space = {"lr": {"grid": list(LRS)}, "warmup": {"grid": list(WARMUPS)},
              "weight_decay": {"grid": list(DECAYS)}, "steps": steps}
     began = time.perf_counter()
@@ -197,8 +199,8 @@ def main() -> int:
     parser.add_argument("--cpus", type=int, default=4)
     parser.add_argument("--grace-steps", type=int, default=None,
                         help="ASHA's grace (default: unipar.tune's, an eighth of the steps)")
-    parser.add_argument("--reduction-factor", type=int, default=4,
-                        help="ASHA's reduction factor (default: unipar.tune's, 4)")
+    parser.add_argument("--reduction-factor", type=int, default=DEFAULT_REDUCTION_FACTOR,
+                        help="ASHA's reduction factor (default: unipar.tune's)")
     add_common_arguments(parser)
     args = parser.parse_args()
     repeats = repeats_of(args, quick=1)

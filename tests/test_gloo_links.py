@@ -25,13 +25,13 @@ TIMEOUT_S = 60.0
 def _rank(rank: int, rendezvous: Rendezvous, errors, done, subgroup: bool) -> None:  # type: ignore[no-untyped-def]
     torch.set_num_threads(1)
     links = GlooLinks()
-    join(rendezvous, rank, backend="gloo", timeout_s=TIMEOUT_S, links=links)
+    signal = join(rendezvous, rank, backend="gloo", timeout_s=TIMEOUT_S, links=links)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
     # a device mesh's dimension is a group of its own, with its own gloo connections,
     # made after the world's: recorded once the gang is formed
     group = dist.new_group([0, 1], timeout=timedelta(seconds=TIMEOUT_S)) if subgroup else None
     if subgroup:
-        links.record_again(rendezvous_store(rendezvous), rank, 2)
+        links.record_again(signal.store, rank, 2)
     dist.all_reduce(torch.ones(2), group=group)
     if rank == 0:  # it failed elsewhere: it never enters the next collective
         time.sleep(0.5)
@@ -47,11 +47,6 @@ def _rank(rank: int, rendezvous: Rendezvous, errors, done, subgroup: bool) -> No
     except RuntimeError as error:
         errors.put(("raised", str(error)))
     leave()
-
-
-def rendezvous_store(rendezvous: Rendezvous) -> dist.TCPStore:
-    return dist.TCPStore(rendezvous.address, rendezvous.port, is_master=False,
-                         timeout=timedelta(seconds=TIMEOUT_S), use_libuv=True)
 
 
 @pytest.mark.parametrize("subgroup", [False, True], ids=["world", "mesh-dimension"])

@@ -450,7 +450,7 @@ def test_a_trial_keeps_every_checkpoint_it_writes(steps):
 )
 def test_asha_stops_at_the_rungs_its_grace_and_factor_give(grace, factor, rungs):
     """Ray's ASHA itself, built as tune() builds it: its rungs over 48 steps are the
-    grace times powers of the factor below the end (the last step is no rung)."""
+    grace times powers of the factor below the end, then the end."""
     from unipar.tuning.choices import SchedulerKind, build_scheduler
 
     asha = build_scheduler(SchedulerKind.ASHA, load_space(SPACE), max_steps=48,

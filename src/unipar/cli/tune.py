@@ -9,7 +9,7 @@ from typing import Any
 
 from unipar.errors import ConfigError
 from unipar.job_file import check_target, user_code_error
-from unipar.tuning.choices import SchedulerKind, SearcherKind
+from unipar.tuning.choices import DEFAULT_REDUCTION_FACTOR, SchedulerKind, SearcherKind
 
 
 def add_tune_parser(commands: Any) -> None:
@@ -25,7 +25,7 @@ def add_tune_parser(commands: Any) -> None:
     tune.add_argument("--grace-steps", type=int, default=None,
                       help="steps before ASHA or the median rule may stop a trial "
                       "(default: an eighth of the steps)")
-    tune.add_argument("--reduction-factor", type=int, default=4,
+    tune.add_argument("--reduction-factor", type=int, default=DEFAULT_REDUCTION_FACTOR,
                       help="ASHA/HyperBand keep one trial in this many at each rung")
     tune.add_argument("--seed", type=int, default=0, help="the searcher's sampling seed")
     tune.add_argument("--max-concurrent", type=int, default=None,

@@ -26,6 +26,7 @@ from unipar.ray_cluster.session import ray_session, require_resources
 from unipar.runtime.config import RunConfig
 from unipar.runtime.preflight import preflight
 from unipar.tuning.choices import (
+    DEFAULT_REDUCTION_FACTOR,
     SchedulerKind,
     SearcherKind,
     build_scheduler,
@@ -92,7 +93,7 @@ def tune(
     max_failures: int = 2,
     perturbation_interval: int | None = None,
     grace_steps: int | None = None,
-    reduction_factor: int = 4,
+    reduction_factor: int = DEFAULT_REDUCTION_FACTOR,
     progress: bool = True,
     plot: bool = True,
     address: str | None = None,

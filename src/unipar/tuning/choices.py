@@ -9,6 +9,10 @@ from unipar.errors import ConfigError
 from unipar.tuning.backends import hyperopt_expression
 from unipar.tuning.space import ParamKind, SearchSpace
 
+# ASHA's and HyperBand's reduction factor unless one is given: Ray Tune's own default
+# and the ASHA paper's (Li et al., MLSys 2020)
+DEFAULT_REDUCTION_FACTOR = 4
+
 
 class SearcherKind(Enum):
     RANDOM = "random"  # random and grid: Tune's BasicVariantGenerator

@@ -40,16 +40,14 @@ def _caches() -> list[Any]:
     return [cache for cache in found if hasattr(cache, "cache_clear")]
 
 
-def forget_meshes() -> int:
+def forget_meshes() -> None:
     """Clear DTensor's mesh-holding caches (see module doc): its dispatcher's native
-    cache (C++) and the Python ones; returns how many it cleared. A process that never
-    imported DTensor has nothing cached: nothing is imported then."""
+    cache (C++) and the Python ones. A process that never imported DTensor has nothing
+    cached: nothing is imported then."""
     if "torch.distributed.tensor" not in sys.modules:
-        return 0
-    caches = _caches()
-    for cache in caches:
+        return
+    for cache in _caches():
         cache.cache_clear()
     native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
     if native is not None:
         native()
-    return len(caches) + (native is not None)
