@@ -138,6 +138,40 @@ def max_relative_difference(
     return worst
 
 
+def rounding_floor(reference: Sequence[float], twin: Sequence[float], *,
+                   atol: float = 0.0) -> list[float]:
+    """Per step, the running maximum of ``|reference - twin| / max(|reference|, atol)``:
+    how far one training drifts from itself when only the order of its float sums changes
+    (``twin`` is the reference recomputed with another thread count). Rounding differences
+    grow with the steps (for the multi_job MLPs about tenfold per 100 steps late in
+    training), so a fixed tolerance over a long run tests the reference's own noise."""
+    if len(reference) != len(twin):
+        raise ValueError(f"the reference has {len(reference)} steps, its twin {len(twin)}")
+    floor, worst = [], 0.0
+    for b, c in zip(reference, twin, strict=True):
+        worst = max(worst, abs(float(b) - float(c)) / max(abs(float(b)), atol, 1e-300))
+        floor.append(worst)
+    return floor
+
+
+def worst_over_envelope(ours: Sequence[float], reference: Sequence[float],
+                        floor: Sequence[float], *, rtol: float, factor: float,
+                        atol: float = 0.0) -> float:
+    """``max`` over steps of the relative difference of ``ours`` from ``reference`` divided
+    by that step's allowance ``max(rtol, factor * floor[step])``: at most 1 when every step
+    is within the allowance. ``inf`` when the lengths differ or a NaN appears."""
+    if len(ours) != len(reference) or len(floor) != len(reference) or not reference:
+        return math.inf
+    worst = 0.0
+    for a, b, noise in zip(ours, reference, floor, strict=True):
+        a, b = float(a), float(b)
+        if math.isnan(a) or math.isnan(b):
+            return math.inf
+        diff = abs(a - b) / max(abs(b), atol, 1e-300)
+        worst = max(worst, diff / max(rtol, factor * noise))
+    return worst
+
+
 def alternate(
     sides: Mapping[str, Callable[[], T]], repeats: int, *, log: Callable[[str], None] = print
 ) -> dict[str, list[T | None]]:

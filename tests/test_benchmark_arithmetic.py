@@ -48,6 +48,26 @@ def test_measure_spread_ratio_verdict_and_result_line():
     assert measure.max_relative_difference([NAN], [1.0]) == INF
     assert measure.max_relative_difference([], []) == INF
 
+
+def test_a_loss_check_allows_the_references_own_rounding_drift_and_no_more():
+    reference = [1.0, 0.5, 0.25, 0.2]
+    twin = [1.0, 0.5, 0.25 * (1 + 1e-3), 0.2 * (1 - 1e-5)]  # drifts at step 2 and stays
+    floor = measure.rounding_floor(reference, twin)
+    assert floor == pytest.approx([0.0, 0.0, 1e-3, 1e-3])
+    envelope = {"rtol": 1e-4, "factor": 10.0}
+    drifted = [1.0, 0.5 * (1 + 5e-5), 0.25 * (1 + 5e-3), 0.2 * (1 - 9e-3)]
+    assert measure.worst_over_envelope(drifted, reference, floor, **envelope) == \
+        pytest.approx(0.9)  # step 3: 9e-3 of an allowance of 1e-2
+    early = [1.0, 0.5 * (1 + 2e-4), 0.25, 0.2]  # before the drift: only rtol allowed
+    assert measure.worst_over_envelope(early, reference, floor, **envelope) == \
+        pytest.approx(2.0)
+    wrong_batch = [1.0, 0.5, 0.25, 0.2 * 1.15]  # a late step's loss from another batch
+    assert measure.worst_over_envelope(wrong_batch, reference, floor, **envelope) > 1.0
+    assert measure.worst_over_envelope(reference[:3], reference, floor, **envelope) == INF
+    assert measure.worst_over_envelope([NAN] * 4, reference, floor, **envelope) == INF
+    with pytest.raises(ValueError, match="its twin"):
+        measure.rounding_floor(reference, twin[:2])
+
     lines: list[str] = []
     verdict = Verdict(log=lines.append)
     verdict.target("ratio", Spread.of([0.5, 0.6, 0.7]), 0.8)
