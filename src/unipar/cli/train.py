@@ -15,6 +15,7 @@ from unipar.runtime.config import RunConfig, cli_fields
 
 if TYPE_CHECKING:
     from unipar.job import Job
+    from unipar.runtime.elastic.early_start import EarlyStart
     from unipar.runtime.preflight import Preflight
 
 DEFAULT_MAX_BATCH_FACTOR = 8
@@ -26,12 +27,30 @@ def _train(args: argparse.Namespace) -> int:
     from unipar.ray_cluster.session import start_ray  # noqa: PLC0415 (heavy: Ray)
 
     config = _check_train_args(args)
-    pre = _load_and_check(args, config)  # bad input is answered before Ray starts
+    if not joins_a_cluster(config):
+        pre = _load_and_check(args, config)  # bad input is answered before Ray starts
+        start_ray(config.address, checked=True)
+        try:
+            return _run_and_report(pre)
+        finally:
+            ray.shutdown()
+    # a cluster that is there already: its workers start while the job loads
+    from unipar.runtime.elastic.early_start import (  # noqa: PLC0415 (heavy: torch, Ray)
+        EarlyStart,
+    )
+
     start_ray(config.address, checked=True)
+    early = EarlyStart(config)
     try:
-        return _run_and_report(pre)
+        return _run_and_report(_load_and_check(args, config), early)
     finally:
+        early.cancel()
         ray.shutdown()
+
+
+def joins_a_cluster(config: RunConfig) -> bool:
+    """Whether the run joins a running cluster (``--address``) rather than starting one."""
+    return bool(config.address) and config.address != "local"
 
 
 def _check_train_args(args: argparse.Namespace) -> RunConfig:
@@ -48,7 +67,7 @@ def _check_train_args(args: argparse.Namespace) -> RunConfig:
                 "without --adaptive-batch; add --adaptive-batch or leave --max-batch out"
             )
     config = run_config(run_options(args))
-    if config.address and config.address != "local":  # within seconds, before anything
+    if joins_a_cluster(config):  # within seconds, before anything
         config = dataclasses.replace(config, address=check_cluster(config.address))
     return config
 
@@ -93,7 +112,7 @@ def run_config(options: dict[str, Any]) -> RunConfig:
         raise type(error)(message) from None
 
 
-def _run_and_report(pre: Preflight) -> int:
+def _run_and_report(pre: Preflight, early: EarlyStart | None = None) -> int:
     from unipar.runtime.run import run  # noqa: PLC0415 (heavy: torch, Ray)
 
     least, most = pre.config.least_workers, pre.config.workers
@@ -102,7 +121,7 @@ def _run_and_report(pre: Preflight) -> int:
         f"unipar: training {pre.job.name} for {pre.job.steps} steps on {workers} workers",
         flush=True,
     )
-    result = run(pre)  # joins the Ray instance started above
+    result = run(pre, early)  # joins the Ray instance started above
     print(result.summary())
     return 0
 

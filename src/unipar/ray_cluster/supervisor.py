@@ -29,6 +29,7 @@ from ray.exceptions import (
     NodeDiedError,
     OutOfMemoryError,
     RayActorError,
+    RayTaskError,
     WorkerCrashedError,
 )
 
@@ -51,6 +52,10 @@ def constructor_error(error: BaseException) -> str | None:
     text = str(error)
     if "creation task" not in text:
         return None
+    return _last_line(text)
+
+
+def _last_line(text: str) -> str:
     return [line for line in text.splitlines() if line.strip()][-1].strip()
 
 
@@ -142,6 +147,9 @@ def _collect_started(
             ray.kill(actor, no_restart=True)
             if (line := constructor_error(error)) is not None:
                 raised.append(line)
+        except RayTaskError as error:  # its describe() raised: an early start's job
+            ray.kill(actor, no_restart=True)
+            raised.append(_last_line(str(error)))
     return started, still
 
 

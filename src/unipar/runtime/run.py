@@ -18,7 +18,9 @@ from unipar.ray_cluster.session import ray_session
 from unipar.runtime.callbacks import Callback
 from unipar.runtime.checkpoint import ensure_writable
 from unipar.runtime.config import RunConfig
-from unipar.runtime.elastic.controller import Controller, check_cluster_resources
+from unipar.runtime.elastic.controller import Controller
+from unipar.runtime.elastic.early_start import EarlyStart
+from unipar.runtime.elastic.gang_workers import check_cluster_resources
 from unipar.runtime.learn import PredictionCheck, RunLearner, summary_lines
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.preflight import Preflight, first_plan_taken, preflight
@@ -112,8 +114,17 @@ def fit(
     return run(preflight(job, config, callbacks=callbacks, size_target=size_target))
 
 
-def run(pre: Preflight) -> FitResult:
-    """Train the run ``pre`` describes (see :func:`fit`)."""
+def run(pre: Preflight, early: EarlyStart | None = None) -> FitResult:
+    """Train the run ``pre`` describes (see :func:`fit`); ``early``: its workers asked
+    for before the job was loaded (killed if the run takes none of them)."""
+    try:
+        return _run(pre, early)
+    finally:
+        if early is not None:
+            early.cancel()
+
+
+def _run(pre: Preflight, early: EarlyStart | None) -> FitResult:
     job, config = pre.job, pre.config
     run_dir = config.run_dir
     created = _missing_directories(config.checkpoints, run_dir)
@@ -157,6 +168,7 @@ def run(pre: Preflight) -> FitResult:
                 callbacks=(*pre.callbacks, learner),
                 size_target=pre.size_target,
                 predict=learner.predict,
+                early=early.take() if early is not None else (),
             )
             try:
                 outcome = controller.run()

@@ -49,13 +49,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import ray
 
 from unipar.errors import ResourceError, TrainingFailedError, UniparError, UserCodeError
 from unipar.job import Job
 from unipar.plan import Plan
-from unipar.ray_cluster.session import require_resources, say_waiting
+from unipar.ray_cluster.session import say_waiting
 from unipar.ray_cluster.supervisor import (
     PROCESS_LOST,
     Member,
@@ -79,13 +80,13 @@ from unipar.runtime.elastic.formation import (
     export_state,
     gather_forms,
 )
+from unipar.runtime.elastic.gang_workers import worker_actor, worker_needs
 from unipar.runtime.elastic.placement import WorkerPlacement
 from unipar.runtime.elastic.recovery import Recovery
 from unipar.runtime.elastic.rendezvous import RendezvousHost
 from unipar.runtime.elastic.size_target import SizeTarget, bounded
 from unipar.runtime.elastic.snapshot import SnapshotAssembly, SnapshotPart
 from unipar.runtime.elastic.worker import (
-    ElasticWorker,
     Finished,
     Interrupted,
     Paused,
@@ -102,17 +103,6 @@ _CLUSTER_CHECK_S = 1.0  # how often the cluster is asked for free room and drain
 _JOINER_WAIT_S = 30.0  # workers started to grow still not placed by then are given up
 _STOPPING_POLL_S = 0.02  # how often the streams are read while the gang pauses to resize
 _NOTICE_AFTER_S = 1.0  # room still short by then at the start is held by other jobs: say so
-
-
-def worker_needs(config: RunConfig) -> dict[str, float]:
-    """The resources Ray reserves for one worker (those it takes any of)."""
-    needs = {"CPU": config.cpus_per_worker, "GPU": config.gpus_per_worker}
-    return {name: amount for name, amount in needs.items() if amount}
-
-
-def check_cluster_resources(config: RunConfig) -> None:
-    """Fail at once, before anything starts, when the cluster is too small in total."""
-    require_resources(worker_needs(config), config.least_workers, "worker")
 
 
 @dataclass
@@ -136,9 +126,12 @@ class Controller:
         callbacks: Sequence[Callback] = (),
         size_target: Callable[[], int | None] | None = None,
         predict: Callable[[Plan], float | None] | None = None,
+        early: Sequence[Any] = (),
     ) -> None:
         """``predict``: the cost model's step time of each formation's plan, which its
-        steps' metrics carry (``None``: not predicted)."""
+        steps' metrics carry (``None``: not predicted). ``early``: workers started before
+        the job was loaded (:mod:`~unipar.runtime.elastic.early_start`), used first;
+        those the gang does not take are killed once it has started."""
         self.job, self.config, self.plan_for = job, config, plan_for
         self.recovery = Recovery.of(config)
         self.predict = predict
@@ -165,24 +158,16 @@ class Controller:
         self.placement = WorkerPlacement(self._wanted_resources, worker_needs(config),
                                          _JOINER_WAIT_S)
         self.supervisor = Supervisor(self._make_actor, self.placement.needs)
+        self._early = list(early)
 
-    def _make_actor(self):  # type: ignore[no-untyped-def]
-        config = self.config
-        return (
-            ray.remote(ElasticWorker)
-            .options(
-                num_cpus=config.cpus_per_worker,
-                num_gpus=config.gpus_per_worker,
-                resources=dict(self.placement.placed),
-                max_restarts=0,
-            )
-            .remote(
-                self.job,
-                threads=max(1, int(config.cpus_per_worker)),
-                use_gpu=bool(config.gpus_per_worker),
-                checkpoints=self.policy,
-            )
-        )
+    def _make_actor(self) -> Any:
+        """A new worker: one started early, handed the job, while there is one and the
+        workers need no node type's resources; else a fresh one."""
+        if self._early and not self.placement.placed:
+            actor = self._early.pop(0)
+            actor.adopt.remote(ray.cloudpickle.dumps(self.job), self.policy)
+            return actor
+        return worker_actor(self.config, self.placement.placed, self.job, self.policy)
 
     # -- the run ---------------------------------------------------------------------
 
@@ -194,12 +179,13 @@ class Controller:
             # end may still hold: start that many; without one, start what fits now
             most = self._most()
             promised = self.size_target is not None and self.size_target() is not None
-            room = self.supervisor.room() if promised else self._room_for_least()
+            room = self._room() if promised else self._room_for_least()
             wanted = most if promised else max(config.least_workers, min(most, room))
             if config.progress:
                 self.bar.note(f"unipar: starting {wanted} worker{'s' * (wanted != 1)}")
             members = self.placement.start(self.supervisor, wanted, config.placement_timeout_s,
                                            self._most)
+            self._kill_early()
             members = self._at_least_min(members)
             keep = self._usable(min(len(members), self._most()))  # the target may have fallen
             self.supervisor.kill(members[keep:])
@@ -220,17 +206,27 @@ class Controller:
                     return finished[0].outcome
                 members, source = self._reform(members, end)
         finally:
+            self._kill_early()
             self.supervisor.cancel_pending()
             self.supervisor.kill(members + self._joiners)
             self.host.close()
             self.bar.close()
+
+    def _room(self) -> int:
+        """Room for workers: the cluster's free room and the early workers' own."""
+        return self.supervisor.room() + len(self._early)
+
+    def _kill_early(self) -> None:
+        for actor in self._early:
+            ray.kill(actor, no_restart=True)
+        self._early = []
 
     def _room_for_least(self) -> int:
         """The cluster's room for workers, once it holds ``min_workers`` or after
         ``_NOTICE_AFTER_S`` (a gang just stopped frees its resources within it); still
         short then, other jobs hold them: say that the start waits for them."""
         least, until = self.config.least_workers, time.monotonic() + _NOTICE_AFTER_S
-        while (room := self.supervisor.room()) < least and time.monotonic() < until:
+        while (room := self._room()) < least and time.monotonic() < until:
             time.sleep(0.1)
         if room < least:
             say_waiting(worker_needs(self.config), least, "worker",

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import ray
 import torch
 
+from unipar.errors import UserCodeError
 from unipar.job import Job
 from unipar.plan import Plan
 from unipar.ray_cluster.supervisor import describe_process
@@ -92,8 +93,16 @@ def _trainer_class() -> type[Trainer]:
 
 class ElasticWorker:
     def __init__(
-        self, job: Job, *, threads: int, use_gpu: bool, checkpoints: CheckpointPolicy
+        self,
+        job: Job | None,
+        *,
+        threads: int,
+        use_gpu: bool,
+        checkpoints: CheckpointPolicy | None,
     ) -> None:
+        """``job`` and ``checkpoints`` ``None``: a worker started before the driver has
+        loaded the job (:mod:`~unipar.runtime.elastic.early_start`), which takes both
+        with :meth:`adopt` before anything else."""
         torch.set_num_threads(threads)
         self.job, self.use_gpu, self.checkpoints = job, use_gpu, checkpoints
         self.device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")
@@ -101,11 +110,25 @@ class ElasticWorker:
         self.signal: StopSignal | None = None
         self.committed = 0
         self.links = GlooLinks()
+        self.adopt_error: str | None = None
         _dcp()  # imported now, while the gang trains, not during a resize
         _trainer_class()  # imported now, as the actor starts
 
+    def adopt(self, job: bytes, checkpoints: CheckpointPolicy) -> None:
+        """Take the job (pickled by the driver, so that a job this process cannot unpickle
+        is told by :meth:`describe`, as a constructor's error would be) of a worker
+        started early."""
+        try:
+            self.job = ray.cloudpickle.loads(job)
+        except Exception as error:  # the job's code: told by describe
+            self.adopt_error = f"{type(error).__name__}: {error}"
+        self.checkpoints = checkpoints
+
     def describe(self) -> tuple[int, str, str, dict[str, float]]:
-        """(process id, node IP, Ray node id, assigned resources) of this worker."""
+        """(process id, node IP, Ray node id, assigned resources) of this worker; raises
+        :class:`UserCodeError` when the job given to :meth:`adopt` did not load."""
+        if self.adopt_error is not None:
+            raise UserCodeError(f"the job could not be loaded: {self.adopt_error}")
         return describe_process()
 
     def form(
@@ -124,6 +147,7 @@ class ElasticWorker:
         (refs to the snapshot's parts, one per rank that wrote it), else ``resume_from`` (disk),
         else start afresh; ``keep``: this rank already holds the state at ``start_step``
         (a replica that survived), re-wrapped as it is. Returns the first step to run."""
+        assert self.job is not None and self.checkpoints is not None  # given, or adopted
         leave()
         self.links = GlooLinks()  # this gang's connections, none of an earlier gang's
         self.signal = join(
