@@ -1,6 +1,7 @@
 """Workers started before the job is loaded (``unipar train --address``): the gang trains
 on them, with the losses of one process; a job they cannot load is named as a
-constructor's would be; those not taken are killed."""
+constructor's would be; a run on parameter servers, which takes none of them, stops them;
+those not taken are killed."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from unipar import Callback
 from unipar.errors import UserCodeError
 from unipar.job import Job, OptimizerSpec
 from unipar.models.mlp import MLP, MLPConfig
+from unipar.plan import GradSync, Mesh, Plan
 from unipar.runtime.config import RunConfig
 from unipar.runtime.elastic.early_start import EarlyStart
 from unipar.runtime.preflight import preflight
@@ -71,6 +73,26 @@ def test_a_job_the_early_workers_cannot_load_names_the_cause(ray_cluster, tmp_pa
     early = EarlyStart(config)
     with pytest.raises(UserCodeError, match=r"No module named 'driver_only_early'.*py_modules"):
         run(preflight(job, config), early)
+
+
+def test_a_run_on_parameter_servers_with_early_workers_trains_and_stops_them(ray_cluster,
+                                                                             tmp_path):
+    """The servers' run starts processes of its own and takes none of the early workers:
+    it trains as one process does, and they are gone when it ends."""
+    from test_ps_fit import BATCH, _assert_same_training, ctr_job
+
+    job = ctr_job()
+    plan = Plan(mesh=Mesh(dp=2), microbatch_size=BATCH // 2, grad_sync=GradSync.PARAMETER_SERVER)
+    config = RunConfig(workers=2, plan=plan, run_dir=tmp_path, progress=False,
+                       placement_timeout_s=20)
+    early = EarlyStart(config)
+    actors = early.actors
+    result = run(preflight(job, config), early)
+    assert result.plan.grad_sync is GradSync.PARAMETER_SERVER
+    _assert_same_training(result, job)
+    for actor in actors:
+        with pytest.raises(RayActorError):
+            _pid(actor)
 
 
 def test_workers_not_taken_are_killed(ray_cluster, tmp_path):

@@ -137,11 +137,15 @@ def _run(pre: Preflight, early: EarlyStart | None) -> FitResult:
             ensure_writable(config.checkpoints)
             servers = strategy is not None and pre.servers_usable()
             if strategy is not None and (not config.elastic or servers):
+                if early is not None:  # their imports done before the planner may time
+                    early.settle(config.placement_timeout_s)  # this machine's CPU
                 planned, said = _plan_on_live_cluster(pre, config, strategy, servers=servers)
                 if not config.elastic or planned.grad_sync is GradSync.PARAMETER_SERVER:
                     plan, explanation, strategy = planned, said, None
                     print(explanation, flush=True)
             if isinstance(plan, Plan) and plan.grad_sync is GradSync.PARAMETER_SERVER:
+                if early is not None:  # the servers' run starts processes of its own
+                    early.cancel()
                 try:
                     served = run_on_servers(job, plan, config, metrics)
                 finally:

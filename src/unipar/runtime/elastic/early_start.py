@@ -13,8 +13,11 @@ while the driver goes on; the controller then hands each the job (:meth:`Elastic
 
 Only what the command line fixes before the job is loaded decides them: the number of
 workers (``workers``, at most the room free now) and each one's CPUs and GPUs. A run that
-ends before its gang forms (bad input, a plan on parameter servers) kills them
-(:meth:`EarlyStart.cancel`); they write nothing before they are handed the job.
+ends before its gang forms (bad input) or runs on parameter servers (processes of their
+own) kills them first (:meth:`EarlyStart.cancel`); they write nothing before they are
+handed the job. Before the planner may time this machine's CPU (a calibration not cached
+yet), the driver waits for their processes to have started (:meth:`EarlyStart.settle`),
+so that their imports do not run beside the measurement.
 
 (The driver's own loading runs in its main thread: importing torch from two threads at
 once can hand one of them a partly initialised module, and the GIL would run the two
@@ -43,6 +46,14 @@ class EarlyStart:
     def actors(self) -> tuple[Any, ...]:
         """The actors not taken yet."""
         return tuple(self._actors)
+
+    def settle(self, timeout_s: float) -> None:
+        """Wait (up to ``timeout_s``) until the actors' processes have started: nothing
+        else then runs beside what comes next (the CPU calibration times this machine).
+        Actors that failed to start are left for the controller to find."""
+        if self._actors:
+            ray.wait([actor.describe.remote() for actor in self._actors],
+                     num_returns=len(self._actors), timeout=timeout_s)
 
     def take(self) -> list[Any]:
         """The actors; from now on the caller kills them."""
