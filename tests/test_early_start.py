@@ -1,7 +1,7 @@
 """Workers started before the job is loaded (``unipar train --address``): the gang trains
 on them, with the losses of one process; a job they cannot load is named as a
-constructor's would be; a run on parameter servers, which takes none of them, stops them;
-those not taken are killed."""
+constructor's would be; a plan on parameter servers asks for none, and servers the planner
+picks stop them; those not taken are killed."""
 
 from __future__ import annotations
 
@@ -57,7 +57,9 @@ def test_the_gang_trains_on_the_workers_started_before_the_job_was_loaded(ray_cl
     result = run(preflight(job, config, callbacks=[seen]), early)
     assert seen.pids == started  # no other worker was started
     torch.testing.assert_close(result.losses, single_process_losses(job)[0], rtol=RTOL, atol=0)
-    assert early.actors == ()
+    for actor in early.actors:  # the run's end stops them
+        with pytest.raises(RayActorError):
+            _pid(actor)
 
 
 def test_a_job_the_early_workers_cannot_load_names_the_cause(ray_cluster, tmp_path,
@@ -71,28 +73,34 @@ def test_a_job_the_early_workers_cannot_load_names_the_cause(ray_cluster, tmp_pa
     job = replace(_job(), model=driver_only_early.model)
     config = RunConfig(workers=2, run_dir=tmp_path / "run", progress=False)
     early = EarlyStart(config)
-    with pytest.raises(UserCodeError, match=r"No module named 'driver_only_early'.*py_modules"):
+    with pytest.raises(UserCodeError, match=r"the job could not be loaded: ModuleNotFoundError: "
+                       r"No module named 'driver_only_early'.*py_modules"):
         run(preflight(job, config), early)
 
 
-def test_a_run_on_parameter_servers_with_early_workers_trains_and_stops_them(ray_cluster,
-                                                                             tmp_path):
-    """The servers' run starts processes of its own and takes none of the early workers:
-    it trains as one process does, and they are gone when it ends."""
-    from test_ps_fit import BATCH, _assert_same_training, ctr_job
+def test_servers_chosen_by_the_planner_stop_the_early_workers_and_train(ray_cluster,
+                                                                        tmp_path):
+    """``auto`` picks parameter servers (a dominant table) after the early workers were
+    asked for: the servers' run takes none of them, trains as one process does, and
+    they are gone when it ends."""
+    from test_ps_fit import _assert_same_training, ctr_job
 
-    job = ctr_job()
-    plan = Plan(mesh=Mesh(dp=2), microbatch_size=BATCH // 2, grad_sync=GradSync.PARAMETER_SERVER)
-    config = RunConfig(workers=2, plan=plan, run_dir=tmp_path, progress=False,
-                       placement_timeout_s=20)
+    job = ctr_job(rows=2_000_000)  # an all-reduce moves 32 MB a step, servers ~2 KB
+    config = RunConfig(workers=2, plan="auto", run_dir=tmp_path, progress=False)
     early = EarlyStart(config)
     actors = early.actors
+    assert len(actors) == 2
     result = run(preflight(job, config), early)
     assert result.plan.grad_sync is GradSync.PARAMETER_SERVER
     _assert_same_training(result, job)
     for actor in actors:
         with pytest.raises(RayActorError):
             _pid(actor)
+
+
+def test_a_plan_on_parameter_servers_starts_no_early_workers(tmp_path):
+    plan = Plan(mesh=Mesh(dp=2), microbatch_size=4, grad_sync=GradSync.PARAMETER_SERVER)
+    assert EarlyStart(RunConfig(workers=2, plan=plan, run_dir=tmp_path)).actors == ()
 
 
 def test_workers_not_taken_are_killed(ray_cluster, tmp_path):

@@ -40,11 +40,13 @@ def _train(args: argparse.Namespace) -> int:
     )
 
     start_ray(config.address, checked=True)
-    early = EarlyStart(config)
+    early = None
     try:
+        early = EarlyStart(config)
         return _run_and_report(_load_and_check(args, config), early)
     finally:
-        early.cancel()
+        if early is not None:
+            early.cancel()
         ray.shutdown()
 
 

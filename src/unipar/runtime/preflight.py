@@ -1,5 +1,6 @@
 """The one preflight of a run: every check that can be made before Ray starts or a worker
-is made, and the job's facts, each learned once.
+is handed the job, and the job's facts, each learned once. (Joining a running cluster,
+``unipar train`` connects and asks for its workers first: ``runtime/elastic/early_start``.)
 
 ``fit``, ``unipar train``, ``unipar.tune`` and the shared cluster's ``submit`` all call
 :func:`preflight` and use the frozen :class:`Preflight` it returns: the job's model is

@@ -138,7 +138,7 @@ def _run(pre: Preflight, early: EarlyStart | None) -> FitResult:
             servers = strategy is not None and pre.servers_usable()
             if strategy is not None and (not config.elastic or servers):
                 if early is not None:  # their imports done before the planner may time
-                    early.settle(config.placement_timeout_s)  # this machine's CPU
+                    early.settle()  # this machine's CPU
                 planned, said = _plan_on_live_cluster(pre, config, strategy, servers=servers)
                 if not config.elastic or planned.grad_sync is GradSync.PARAMETER_SERVER:
                     plan, explanation, strategy = planned, said, None
@@ -172,7 +172,7 @@ def _run(pre: Preflight, early: EarlyStart | None) -> FitResult:
                 callbacks=(*pre.callbacks, learner),
                 size_target=pre.size_target,
                 predict=learner.predict,
-                early=early.take() if early is not None else (),
+                early=early.actors if early is not None else (),
             )
             try:
                 outcome = controller.run()

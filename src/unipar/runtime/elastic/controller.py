@@ -159,13 +159,18 @@ class Controller:
                                          _JOINER_WAIT_S)
         self.supervisor = Supervisor(self._make_actor, self.placement.needs)
         self._early = list(early)
+        self._job_bytes: bytes | None = None  # the job pickled once for the early workers
+        if self.placement.placed:  # they hold none of a node type's resources
+            self._kill_early()
 
     def _make_actor(self) -> Any:
         """A new worker: one started early, handed the job, while there is one and the
         workers need no node type's resources; else a fresh one."""
         if self._early and not self.placement.placed:
+            if self._job_bytes is None:
+                self._job_bytes = ray.cloudpickle.dumps(self.job)
             actor = self._early.pop(0)
-            actor.adopt.remote(ray.cloudpickle.dumps(self.job), self.policy)
+            actor.adopt.remote(self._job_bytes, self.policy)
             return actor
         return worker_actor(self.config, self.placement.placed, self.job, self.policy)
 
@@ -213,10 +218,15 @@ class Controller:
             self.bar.close()
 
     def _room(self) -> int:
-        """Room for workers: the cluster's free room and the early workers' own."""
-        return self.supervisor.room() + len(self._early)
+        """Room for workers: the early workers' own and the cluster's free room beyond
+        theirs. (Until Ray has placed them and its free resources say so, the room they
+        will hold still counts as free: it is taken off, so the room is never counted
+        twice; at worst an elastic gang starts smaller and grows.)"""
+        early = len(self._early)
+        return early + max(0, self.supervisor.room() - early)
 
     def _kill_early(self) -> None:
+        """Kill the early workers not handed the job."""
         for actor in self._early:
             ray.kill(actor, no_restart=True)
         self._early = []
@@ -229,7 +239,7 @@ class Controller:
         while (room := self._room()) < least and time.monotonic() < until:
             time.sleep(0.1)
         if room < least:
-            say_waiting(worker_needs(self.config), least, "worker",
+            say_waiting(worker_needs(self.config), least - len(self._early), "worker",
                         self.config.placement_timeout_s)
         return room
 
@@ -245,7 +255,7 @@ class Controller:
             if self.supervisor.raised:
                 raise UserCodeError(
                     f"only {len(members)} of min_workers={config.least_workers} workers "
-                    f"started: a worker's constructor raised {self.supervisor.raised[-1]}. "
+                    f"started: a worker's constructor raised {self.supervisor.raised[0]}. "
                     "The job (its model, dataset and loss) is unpickled in every worker "
                     "process: define them in the job file or in a module the workers can "
                     "import (installed, or shipped with Ray's runtime_env py_modules)"
