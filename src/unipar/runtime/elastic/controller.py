@@ -218,12 +218,11 @@ class Controller:
             self.bar.close()
 
     def _room(self) -> int:
-        """Room for workers: the early workers' own and the cluster's free room beyond
-        theirs. (Until Ray has placed them and its free resources say so, the room they
-        will hold still counts as free: it is taken off, so the room is never counted
-        twice; at worst an elastic gang starts smaller and grows.)"""
-        early = len(self._early)
-        return early + max(0, self.supervisor.room() - early)
+        """Room for workers: the cluster's free room, and at least the early workers'
+        own. (Until Ray has placed them and its free resources say so, the room they will
+        hold still counts as free, so theirs is not added on top: never counted twice; at
+        worst an elastic gang starts smaller and grows.)"""
+        return max(len(self._early), self.supervisor.room())
 
     def _kill_early(self) -> None:
         """Kill the early workers not handed the job."""
