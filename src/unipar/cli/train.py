@@ -10,7 +10,7 @@ from unipar import checks
 from unipar.adapt import AdaptiveBatch
 from unipar.errors import ConfigError
 from unipar.job_file import check_target, load_job
-from unipar.ray_cluster.address import check_cluster
+from unipar.ray_cluster.address import check_cluster, joins_a_cluster
 from unipar.runtime.config import RunConfig, cli_fields
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def _train(args: argparse.Namespace) -> int:
     from unipar.ray_cluster.session import start_ray  # noqa: PLC0415 (heavy: Ray)
 
     config = _check_train_args(args)
-    if not joins_a_cluster(config):
+    if not joins_a_cluster(config.address):
         pre = _load_and_check(args, config)  # bad input is answered before Ray starts
         start_ray(config.address, checked=True)
         try:
@@ -50,11 +50,6 @@ def _train(args: argparse.Namespace) -> int:
         ray.shutdown()
 
 
-def joins_a_cluster(config: RunConfig) -> bool:
-    """Whether the run joins a running cluster (``--address``) rather than starting one."""
-    return bool(config.address) and config.address != "local"
-
-
 def _check_train_args(args: argparse.Namespace) -> RunConfig:
     """What of ``unipar train`` can be checked before the job is loaded or Ray starts:
     the flags (as :class:`RunConfig`), and the cluster's address, probed."""
@@ -69,7 +64,7 @@ def _check_train_args(args: argparse.Namespace) -> RunConfig:
                 "without --adaptive-batch; add --adaptive-batch or leave --max-batch out"
             )
     config = run_config(run_options(args))
-    if joins_a_cluster(config):  # within seconds, before anything
+    if joins_a_cluster(config.address):  # within seconds, before anything
         config = dataclasses.replace(config, address=check_cluster(config.address))
     return config
 

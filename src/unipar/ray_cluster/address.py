@@ -43,6 +43,12 @@ _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 
 _SETTINGS = 4
 
 
+def joins_a_cluster(address: str | None) -> bool:
+    """Whether ``address`` names a running cluster to join (not ``None`` or ``"local"``,
+    which start one)."""
+    return bool(address) and address != "local"
+
+
 def check_address(address: Any) -> str | None:
     """``None`` (start a local cluster), ``auto``, ``HOST:PORT`` or ``ray://HOST:PORT``."""
     if address is None:

@@ -13,7 +13,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from unipar.errors import ResourceError
-from unipar.ray_cluster.address import check_cluster
+from unipar.ray_cluster.address import check_cluster, joins_a_cluster
 
 
 @contextlib.contextmanager
@@ -70,7 +70,7 @@ def start_ray(
     worker processes import ``preload`` as they start.
     ``checked``: ``address`` already passed :func:`~unipar.ray_cluster.address.check_cluster`."""
     options: dict = {"include_dashboard": False, "logging_level": logging.WARNING}
-    if address and address != "local":
+    if joins_a_cluster(address):
         ray.init(address=address if checked else check_cluster(address), **options)
     else:
         # Ray runs worker processes at nice 15 by default, below its own daemons; in a

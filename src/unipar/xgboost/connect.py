@@ -13,6 +13,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from unipar.ray_cluster.address import joins_a_cluster
 from unipar.ray_cluster.session import start_ray
 
 
@@ -22,7 +23,7 @@ def attach_or_start_ray(before_starting: Callable[[], None] | None = None) -> No
     if ray.is_initialized():
         return
     address = os.environ.get("RAY_ADDRESS")
-    if address and address != "local":
+    if joins_a_cluster(address):
         start_ray(address)  # probed first; sends the token a cluster under token auth needs
         return
     if not address:
