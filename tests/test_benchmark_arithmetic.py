@@ -244,6 +244,10 @@ def test_plan_ranking_first_choice_gap_per_round():
     assert pr.first_choice_gap([1.0, NAN], [1.0, 1.0]).missing  # a failed round
     assert pr.first_choice_gap([1.0, 1.0], [1.0, INF]).missing  # no fastest to compare with
     assert not measure.meets(pr.first_choice_gap([1.0], [0.9]), 0.05)  # 11% slower: a miss
+    # a plan's record comes from the round whose time is the median (lower middle of even)
+    assert pr.median_round([0.3, 0.1, 0.2]) == 2
+    assert pr.median_round([0.4, 0.1, 0.3, 0.2]) == 3
+    assert pr.median_round([0.5]) == 0
 
 
 def test_sched_vs_pollux_ratios_and_length_views():
