@@ -67,6 +67,7 @@ from unipar.plan.collectives import (
     owner_broadcasts_time,
     ring_time,
 )
+from unipar.plan.fsdp_framework import fsdp_framework_time, fsdp_gathers, fsdp_units
 from unipar.plan.memory import (
     MemoryBreakdown,
     MemoryTerms,
@@ -478,42 +479,6 @@ class _RankTimes:
     partial_grads: float = 0.0
 
 
-def fsdp_units(plan: Plan, ranks: _RankTimes) -> float:
-    """FSDP units of the largest stage as the runtime wraps them: each block its own,
-    plus one for the rest of each of the rank's chunks
-    (:func:`unipar.runtime.parallel.data.apply_fully_shard`)."""
-    return ranks.blocks + plan.virtual_stages
-
-
-def fsdp_gathers(plan: Plan) -> int:
-    """All-gathers of each FSDP unit per step: in forward and backward of every
-    micro-batch (ZeRO-3), or once, the gathered weights kept until the step's last
-    backward (ZeRO-2; the runtime's ``set_reshard_after_backward(False)`` before it)."""
-    return 2 * plan.num_microbatches if plan.reshard_after_forward else 1
-
-
-def _fsdp_framework_time(model: CostModel, plan: Plan, ranks: _RankTimes) -> float:
-    """The framework's own time in FSDP units: per parameter, pass and micro-batch
-    (hooks and bookkeeping), per unit and all-gather (unsharding it), and once per
-    step per unit (gradients
-    copied into and out of the reduce-scatter's buffers) and per sharded parameter (the
-    optimizer's step on DTensors). The runtime
-    makes each block a unit, plus one for the rest of each stage, uses FSDP whenever
-    data parallelism meets sharding, tensor or pipeline parallelism, and syncs gradients
-    on the last micro-batch only (``set_requires_gradient_sync``): what is per step is
-    paid once, however many micro-batches (the rates: :mod:`unipar.runtime.calibrate_group`)."""
-    mesh, device = plan.mesh, model.cluster.device
-    if mesh.data_replicas == 1 or (mesh.fsdp, mesh.tp, mesh.pp) == (1, 1, 1):
-        return 0.0
-    units = fsdp_units(plan, ranks)
-    passes = 3 + plan.recomputed_fraction
-    per_micro = ranks.param_tensors * passes * device.fsdp_unit_overhead_s
-    per_step = units * device.fsdp_step_overhead_s
-    per_step += ranks.param_tensors * device.fsdp_tensor_overhead_s
-    gathers = fsdp_gathers(plan) * units * device.fsdp_gather_overhead_s
-    return plan.num_microbatches * per_micro + per_step + gathers
-
-
 def _time(model: CostModel, plan: Plan, stages: list[list[int]]) -> TimeBreakdown:
     profile, cluster = model.profile, model.cluster
     mesh, device = plan.mesh, cluster.device
@@ -572,7 +537,7 @@ def _time(model: CostModel, plan: Plan, stages: list[list[int]]) -> TimeBreakdow
         # the last micro-batch only), and an all-gather of its weights in forward and
         # backward of every micro-batch (ZeRO-3), or once per step where the gathered
         # weights are kept until the step's last backward (ZeRO-2).
-        units = fsdp_units(plan, ranks)
+        units = fsdp_units(plan, ranks.blocks)
         unit_bytes = grad_bytes / units
         one = model.ring(unit_bytes, mesh, MeshAxis.FSDP, reduce_scatter)
         one += fsdp_gathers(plan) * model.ring(unit_bytes, mesh, MeshAxis.FSDP, all_gather)
@@ -580,7 +545,9 @@ def _time(model: CostModel, plan: Plan, stages: list[list[int]]) -> TimeBreakdow
     passes = 3 + plan.recomputed_fraction
     overlap = device.overlaps_communication
     last_backward = ranks.first_compute * 2 / passes if overlap else 0.0
-    exposed_sync = max(0.0, sync - last_backward) + _fsdp_framework_time(model, plan, ranks)
+    exposed_sync = max(0.0, sync - last_backward) + fsdp_framework_time(
+        plan, model.cluster.device, ranks.blocks, ranks.param_tensors
+    )
     if plan.sequence_parallel and mesh.tp > 1 and not overlap:
         # AdamW reads each partial gradient twice (its two moments), and DTensor
         # all-reduces it each time: 48 small all-reduces in the optimizer's step of the
