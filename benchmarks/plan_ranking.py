@@ -146,7 +146,7 @@ def _worker(
     mesh creates (and gloo's threads and sockets with them) are destroyed with it.
     Left alive, they piled up to about 1,300 threads by the end of a sweep, their
     polling raising the load average to 5-6 on 2 cores: the first-ranked plan took
-    0.127-0.162 s a step in such a sweep against 0.106-0.110 s re-timed in fresh
+    0.127-0.162 s a step in such a sweep against 0.106-0.111 s re-timed in fresh
     processes. Destroyed, the threads stay at about 80."""
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,7 +28,9 @@ Rank 0 prints one JSON object:
 - ``fsdp_unit_overhead_s``, ``fsdp_step_overhead_s``, ``fsdp_tensor_overhead_s``,
   ``fsdp_gather_overhead_s``: FSDP2's extra time per parameter and pass of each micro-batch,
   per unit and step, per sharded parameter and step, and per unit and all-gather,
-  beyond its collectives (:class:`FsdpOverheads`).
+  beyond its collectives (:class:`FsdpOverheads`); the chain's units hold two tensors
+  each, and the cost model prices a micro-batch whose weights are held per unit at twice
+  the per-parameter rate (:mod:`unipar.plan.fsdp_framework`).
 """
 
 from __future__ import annotations
