@@ -378,12 +378,19 @@ def main(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     arithmetic = _arithmetic()
     op_overhead = _op_overhead()
+    # The sustained slowdown scales every rate of the arithmetic: taken once, over 3 s, a
+    # slow stretch of a shared machine then slows every plan's prediction alike (one
+    # calibration measured 48.6 GFLOP/s per worker where four around it measured
+    # 80.5-87.3, and every plan but the tensor-parallel ones, whose framework rates it
+    # does not scale, was predicted 20-62% slow). Noise only adds: the smaller of two,
+    # taken some 30 s apart, at the start and at the end.
+    early_slowdown = _sustained_slowdown(arithmetic, op_overhead)
     latency, bandwidth = _allreduce_fit()
     sharded_linear = min(_sharded_linear_overhead(latency, bandwidth) for _ in range(2))
     sequence_parallel = _sequence_parallel_overhead(latency, bandwidth)
     runs = [_fsdp_overheads(latency, bandwidth) for _ in range(2)]  # noise only adds
     fsdp = FsdpOverheads(*(min(values) for values in zip(*(astuple(r) for r in runs), strict=True)))
-    slowdown = _sustained_slowdown(arithmetic, op_overhead)
+    slowdown = min(early_slowdown, _sustained_slowdown(arithmetic, op_overhead))
     dist.barrier()  # no rank leaves while another still talks to it
     dist.destroy_process_group()
     if rank == 0:
