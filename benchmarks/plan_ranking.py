@@ -147,7 +147,7 @@ def _worker(
     Left alive, they piled up to about 1,300 threads by the end of a sweep, their
     polling raising the load average to 5-6 on 2 cores: the first-ranked plan took
     0.127-0.162 s a step in such a sweep against 0.106-0.111 s re-timed in fresh
-    processes. Destroyed, the threads stay at about 80."""
+    processes. Destroyed, a worker held 77 threads at the end of a sweep."""
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         for round_index, plans in enumerate(schedule):
@@ -163,7 +163,6 @@ def _worker(
                 forget_meshes()
                 if rank == 0:
                     results[(round_index, index)] = seconds
-                    results["threads"] = len(os.listdir("/proc/self/task"))
                 if records:
                     results[(round_index, index, rank)] = [r.to_dict() for r in records]
 
@@ -216,20 +215,21 @@ def timed_rounds(
     plan, its seconds per step in each round and (those of ``traced``) its records."""
     orders = [list(range(len(plans)))[:: 1 if r % 2 == 0 else -1] for r in range(rounds)]
     found = measure(workers, [[plans[i] for i in order] for order in orders], steps, traced)
-    seconds = [[found[(r, orders[r].index(i))] for r in range(rounds)] for i in range(len(plans))]
-    traced = [
+    # each plan's (round, position) in every round
+    slots = [[(r, order.index(i)) for r, order in enumerate(orders)] for i in range(len(plans))]
+    seconds = [[found[slot] for slot in plan_slots] for plan_slots in slots]
+    records = [
         [
             [
                 TraceRecord.from_dict(row)
-                for key, rows in found.items()
-                if len(key) == 3 and key[:2] == (r, orders[r].index(i))
-                for row in rows
+                for rank in range(workers)
+                for row in found.get((*slot, rank), [])
             ]
-            for r in range(rounds)
+            for slot in plan_slots
         ]
-        for i in range(len(plans))
+        for plan_slots in slots
     ]
-    return seconds, traced
+    return seconds, records
 
 
 def median_round(seconds: list[float]) -> int:

@@ -382,7 +382,7 @@ def main(rank: int, world: int, port: int) -> None:
     # slow stretch of a shared machine then slows every plan's prediction alike (one
     # calibration measured 48.6 GFLOP/s per worker where four around it measured
     # 80.5-87.3, and every plan but the tensor-parallel ones, whose framework rates it
-    # does not scale, was predicted 20-62% slow). Noise only adds: the smaller of two,
+    # does not scale, was predicted up to 62% slow). Noise only adds: the smaller of two,
     # taken some 30 s apart, at the start and at the end.
     early_slowdown = _sustained_slowdown(arithmetic, op_overhead)
     latency, bandwidth = _allreduce_fit()
