@@ -15,7 +15,12 @@ Never run in CI: it needs CUDA GPUs, and without one prints why and exits 0.
 ``--cpu`` runs the same on 2 CPU workers (gloo, a smaller GPT) to check the script on a
 machine without a GPU.
 
-    python benchmarks/gpu_check.py [--steps 60] [--cpu]
+    python benchmarks/gpu_check.py [--steps 60] [--cpu] [--trace 5] [--keep DIR]
+
+``--trace N`` adds a last run of ddp with its last N steps traced, whose summary shows
+measured against predicted per component (where the uncorrected first run's error
+comes from); ``--keep DIR`` copies the run records, the traced run's trace and each
+run's metrics there (no checkpoints: the GPU model's are 1.4 GB each).
 
 Last line: ``RESULT gpus=N <strategy>_err=... ... learned_runs=N`` (errors: predicted /
 measured - 1 of each run, corrected by the runs before it), or ``RESULT skipped=1``.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -85,10 +91,26 @@ def _best(devices: int, the_job: Job, gpu: bool, fixed: Constraints) -> Plan:
     return report.best.plan
 
 
+def _keep(runs: Path, keep: Path) -> None:
+    """Copy the run records, each run's metrics and the traces into ``keep`` (flat)."""
+    from unipar.cluster.run_records import records_dir
+
+    keep.mkdir(parents=True, exist_ok=True)
+    for path in records_dir().glob("*.jsonl"):
+        shutil.copy(path, keep / path.name)
+    for pattern in ("*/metrics.jsonl", "*/trace.json"):
+        for path in runs.glob(pattern):
+            shutil.copy(path, keep / f"{path.parent.name}_{path.name}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60, help="steps per run")
     parser.add_argument("--cpu", action="store_true", help="2 CPU workers (checks the script)")
+    parser.add_argument("--trace", type=int, default=0, metavar="N",
+                        help="a last ddp run with its last N steps traced")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="copy the run records, traces and metrics here")
     args = parser.parse_args()
     gpu = not args.cpu
     if gpu and not torch.cuda.is_available():
@@ -113,7 +135,11 @@ def main() -> int:
     errors: dict[str, float] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for name, plan in strategies(devices, the_job, gpu):
+            runs = strategies(devices, the_job, gpu)
+            if args.trace:
+                runs.append(("traced_ddp", Strategy.DDP))
+            for name, plan in runs:
+                traced = args.trace if name == "traced_ddp" else None
                 result = fit(
                     the_job,
                     workers=devices,
@@ -121,12 +147,16 @@ def main() -> int:
                     gpus_per_worker=1.0 if gpu else 0.0,
                     progress=False,
                     run_dir=Path(tmp) / name,
+                    trace_steps=traced,
                 )
                 check = result.predictions[-1]
                 print(f"\n== {name}: {check.plan}")
-                print("\n".join(result.summary().splitlines()[1:5]), flush=True)
+                lines = result.summary().splitlines()[1:]
+                print("\n".join(lines if traced else lines[:4]), flush=True)
                 if check.error is not None:
                     errors[name] = check.error
+            if args.keep is not None:
+                _keep(Path(tmp), args.keep)
     finally:
         ray.shutdown()
     learned = 0

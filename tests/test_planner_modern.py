@@ -302,6 +302,19 @@ def test_eager_kernels_cost_torchtitans_eager_to_compiled_ratio(small):
         cluster_preset("h100-80g", kernels="compiled")
 
 
+def test_eager_share_in_float32_scales_with_bytes_and_peak(small):
+    """Eager's extra share, measured in bf16, is memory traffic: in float32 on an H100
+    it is (EAGER_SLOWDOWN - 1) x 2 bytes-ratio x 67/989 peak-ratio, not the bf16 share
+    (the H100's measured step sat 16.7% under the bf16 share's prediction)."""
+    trained = cluster_preset("h100-80g").as_trained_by_unipar()
+    fused = replace(trained, device=replace(trained.device, kernels=Kernels.FUSED))
+    plan_ = Plan(mesh=Mesh(fsdp=8))
+    eager_s, fused_s = (_estimate(small, c, plan_).time.compute_s for c in (trained, fused))
+    share = (EAGER_SLOWDOWN - 1) * 2 * 67e12 / 989e12
+    assert eager_s == pytest.approx(fused_s * (1 + share))
+    assert 0.02 < share < 0.03
+
+
 def test_cluster_attention_override():
     assert cluster_preset("h100-80g").device.attention is AttentionKernel.FLASH
     assert cluster_preset("h100-80g", attention="math").device.attention is AttentionKernel.MATH

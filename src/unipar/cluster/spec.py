@@ -30,7 +30,8 @@ class Kernels(Enum):
     fused around the products (Megatron-LM's fused kernels, ``torch.compile``); the
     presets' rates are these (the cost model is checked against Megatron's SC'21
     runs). ``eager``: eager PyTorch, one kernel per op as the model's code calls them:
-    compute takes :data:`EAGER_SLOWDOWN` times as long."""
+    compute takes :data:`EAGER_SLOWDOWN` times as long in bf16, less in a precision
+    whose products are slower (:attr:`DeviceSpec.compute_slowdown`)."""
 
     FUSED = "fused"
     EAGER = "eager"
@@ -128,8 +129,21 @@ class DeviceSpec:
 
     @property
     def compute_slowdown(self) -> float:
-        """Compute time under the framework's kernels against the preset's rates."""
-        return EAGER_SLOWDOWN if self.kernels is Kernels.EAGER else 1.0
+        """Compute time under the framework's kernels against the preset's rates.
+
+        :data:`EAGER_SLOWDOWN` was measured in bf16. What fusing saves is memory
+        traffic (the element-wise ops' reads and writes between kernels), so eager's
+        extra time is a share of compute that grows with the bytes per element and
+        shrinks as the products slow down: in another precision the extra share is
+        ``(EAGER_SLOWDOWN - 1) * (bytes / 2) * (peak / peak_bf16)``. On an H100 in
+        float32 without TF32 (67 against 989 TFLOP/s) that is 2.1% instead of 15.7%;
+        measured there (``benchmarks/gpu_check.py``, docs/planner-learning.md), the
+        118M GPT's step took 0.250 s where the bf16 share predicted 0.291 s."""
+        if self.kernels is not Kernels.EAGER:
+            return 1.0
+        bytes_ratio = self.bytes_per_element / Precision.BF16.bytes
+        speed_ratio = self.peak_flops / self.peak_flops_16bit
+        return 1.0 + (EAGER_SLOWDOWN - 1.0) * bytes_ratio * speed_ratio
 
     @property
     def peak_flops(self) -> float:

@@ -39,7 +39,9 @@ Sources of the formulas:
   local chunk's attention only (PyTorch's default rotate method; Llama 3, Dubey et al.
   2024, Sec. 3.3.2; ring attention, Liu et al. 2023); gradients reduce over dp x cp;
 - eager execution (one kernel per op) takes EAGER_SLOWDOWN times the fused kernels'
-  compute time (torchtitan's eager and compiled runs of one plan; ``Kernels``);
+  compute time in bf16 (torchtitan's eager and compiled runs of one plan; ``Kernels``),
+  its extra share scaled by bytes per element and the precision's peak in another
+  (``DeviceSpec.compute_slowdown``);
 - a distributed optimizer (ZeRO-1) shards the optimizer state over dp x cp and turns the
   gradient all-reduce into a reduce-scatter and an all-gather of the weights
   (Rajbhandari et al. 2020; Megatron-LM's distributed optimizer); over dp alone it is
