@@ -10,7 +10,9 @@ run, traced, and their records fitted into the rate corrections a run leaves
 every other plan is predicted with the corrected cluster (and, for comparison, with
 the calibration alone) and compared with its measured time. Every plan is timed in
 ``--sweeps`` rounds (3), the learning plans (traced) in the same rounds as the others,
-the order reversed every other round, and each plan's median round taken: one timing
+each round in a shuffled order of its own, and each plan's median round taken (a
+plan's time: the median over its timed steps of each step's slowest rank, as a run's
+summary measures its step): one timing
 of a few steps swings by 10-30% on a shared 2-core machine, and its speed drifts by as
 much over minutes, more than the errors the check is after; timed apart, a drift
 between learning and measuring would pass for the model's error. The corrections are
@@ -45,7 +47,9 @@ import argparse
 import dataclasses
 import functools
 import gc
+import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -60,6 +64,7 @@ from measure import Spread, Verdict, ratio_spread
 from unipar.cluster.calibrate import calibrated_cpu_cluster
 from unipar.cluster.corrections import corrected
 from unipar.cluster.learned_fit import fit_factors
+from unipar.cluster.run_records import RunRecord
 from unipar.cluster.spec import ClusterSpec
 from unipar.job import Job
 from unipar.models.gpt import GPT, GPTConfig
@@ -67,6 +72,7 @@ from unipar.optimizer import OptimizerSpec
 from unipar.plan import Plan
 from unipar.plan.explain import describe
 from unipar.plan.for_job import job_model_spec
+from unipar.plan.predict import seconds_by_rate
 from unipar.plan.report import PlanReport
 from unipar.plan.report import plan as choose_plan
 from unipar.plan.strategy_search import Candidate
@@ -96,9 +102,10 @@ def benchmark_job() -> Job:
 def time_plan(
     plan: Plan, rank: int, world: int, steps: int, directory: Path, trace: bool = False
 ) -> tuple[float, list[TraceRecord]]:
-    """Seconds per optimizer step of ``plan`` in this process group (all ranks call), and
-    with ``trace`` this rank's records of the timed steps (as a run's last steps are
-    traced for learning)."""
+    """Seconds per optimizer step of ``plan`` in this process group (all ranks call): the
+    median over the timed steps of each step's slowest rank, as a run's summary measures
+    its step (the median of its steady steps); and with ``trace`` this rank's records of
+    the timed steps (as a run's last steps are traced for learning)."""
     policy = CheckpointPolicy(directory=directory, every=10**9, keep=1)
     trainer = Trainer(
         benchmark_job(),
@@ -117,20 +124,21 @@ def time_plan(
         tracer = StepTracer(trainer.model.coordinates.pp, timed)
         attachment = attach_tracer(trainer, tracer)
     dist.barrier()
-    started = time.perf_counter()
+    seconds = []
     for step in timed:
         if tracer is not None:
-            traced_step(trainer, step, tracer)
+            report = traced_step(trainer, step, tracer)
         else:
-            trainer.train_step(step)
+            report = trainer.train_step(step)
+        seconds.append(report.seconds)
     dist.barrier()
-    elapsed = torch.tensor((time.perf_counter() - started) / steps)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    slowest = torch.tensor(seconds)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     records = list(tracer.records) if tracer is not None else []
     if attachment is not None:
         attachment.remove()
     del trainer
-    return float(elapsed), records
+    return statistics.median(slowest.tolist()), records
 
 
 def _worker(
@@ -210,10 +218,10 @@ def timed_rounds(
     steps: int,
     traced: frozenset[Plan] = frozenset(),
 ) -> tuple[list[list[float]], list[list[list[TraceRecord]]]]:
-    """Each of ``plans`` timed in ``rounds`` rounds, the order reversed every other round
-    (a drift of the machine's speed over the sweep falls on every plan alike): per
-    plan, its seconds per step in each round and (those of ``traced``) its records."""
-    orders = [list(range(len(plans)))[:: 1 if r % 2 == 0 else -1] for r in range(rounds)]
+    """Each of ``plans`` timed in ``rounds`` rounds, each round in its own shuffled order
+    (:func:`round_orders`): per plan, its seconds per step in each round and (those of
+    ``traced``) its records."""
+    orders = round_orders(len(plans), rounds)
     found = measure(workers, [[plans[i] for i in order] for order in orders], steps, traced)
     # each plan's (round, position) in every round
     slots = [[(r, order.index(i)) for r, order in enumerate(orders)] for i in range(len(plans))]
@@ -232,6 +240,23 @@ def timed_rounds(
     return seconds, records
 
 
+def round_orders(count: int, rounds: int, seed: int = 0) -> list[list[int]]:
+    """The order of ``count`` plans in each of ``rounds`` rounds: a shuffle of its own per
+    round (seeded, so a run is repeatable), so that no plan is timed at the same point
+    of every round. The order reversed every other round, as before, put the learning
+    plans (listed first) at the start of the first and third rounds: in 2 of 3 runs on
+    2026-11-26 the plans early in the first round ran 7-11% faster than their own
+    median (the machine after the calibration's idle seconds), and a learning plan's
+    median round came from there, its fitted corrections then predicting every other
+    plan fast (``--dump``)."""
+    orders = []
+    for round_index in range(rounds):
+        order = list(range(count))
+        random.Random(seed * 1000 + round_index).shuffle(order)
+        orders.append(order)
+    return orders
+
+
 def median_round(seconds: list[float]) -> int:
     """The round whose time is the median of ``seconds`` (the lower middle one of an
     even count)."""
@@ -247,7 +272,7 @@ def learn(
     report: PlanReport,
     load_before: float,
     keep_overloaded: bool,
-) -> ClusterSpec:
+) -> tuple[ClusterSpec, list[RunRecord]]:
     """Fit the corrections the records of ``learners`` give (each plan's record from its
     median round: its step time and trace, of ``seconds`` and ``traced``); the cluster
     corrected by them (as it is where nothing could be learned). Each record carries
@@ -281,11 +306,27 @@ def learn(
     if not fitted.runs:
         print(f"  nothing learned: {fitted.kept_apart} run(s) of an overloaded machine kept "
               "apart (--keep-overloaded learns from them)")
-        return report.cluster
+        return report.cluster, records
     cluster = corrected(report.cluster, fitted.factors, runs=fitted.runs)
     assert cluster.corrections is not None
     print(f"  {cluster.corrections.describe()}\n")
-    return cluster
+    return cluster, records
+
+
+def dump(path: Path, records: list[RunRecord], report: PlanReport, swept: list[Plan],
+         seconds: list[list[float]]) -> None:
+    """Write the learning records and, for every swept plan, its timed rounds and its
+    uncorrected prediction split among the rate groups (:func:`seconds_by_rate`): what
+    a fit of the corrections needs to be replayed without timing anything again."""
+    plans = []
+    for plan_, rounds in zip(swept, seconds[len(records):], strict=True):
+        value, shares = seconds_by_rate(report.profile, plan_, report.cluster)
+        plans.append({"plan": plan_.to_json(), "rounds": rounds, "predicted_s": value,
+                      "seconds": {rate.value: share for rate, share in shares}})
+    calibrated = {"device": dataclasses.asdict(report.cluster.device),
+                  "link": dataclasses.asdict(report.cluster.intra_node)}
+    path.write_text(json.dumps({"records": [r.to_dict() for r in records], "plans": plans,
+                                "calibrated": calibrated}, default=str))
 
 
 def first_choice_gap(first: list[float], fastest: list[float]) -> Spread:
@@ -315,6 +356,9 @@ def main() -> int:
         help="plan with the machine's cached calibration instead of measuring it now",
     )
     parser.add_argument("--quick", action="store_true", help="2 timed steps, 1 round: a smoke run")
+    parser.add_argument("--dump", type=Path, default=None, metavar="FILE",
+                        help="write the learning records and the swept plans' rounds and "
+                        "rate shares (JSON), to replay the fit")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.sweeps, args.rounds, args.top = 2, 1, 1, 2
@@ -349,9 +393,11 @@ def main() -> int:
     )
     print(f"timed {len(learners)} learning and {len(swept)} other plans {args.sweeps} times, "
           f"interleaved, in {time.perf_counter() - started:.0f} s (each plan's median)\n")
-    learned = learn(
+    learned, records = learn(
         learners, seconds, traced, args.steps, plain, load_before, args.keep_overloaded
     )
+    if args.dump is not None:
+        dump(args.dump, records, plain, swept, seconds)
     report = choose_plan(spec, learned, GLOBAL_BATCH, keep=10_000)
     median_of = {
         plan: statistics.median(rounds)

@@ -248,6 +248,11 @@ def test_plan_ranking_first_choice_gap_per_round():
     assert pr.median_round([0.3, 0.1, 0.2]) == 2
     assert pr.median_round([0.4, 0.1, 0.3, 0.2]) == 3
     assert pr.median_round([0.5]) == 0
+    # every round times every plan once, each round in an order of its own, repeatably
+    orders = pr.round_orders(30, 3)
+    assert all(sorted(order) == list(range(30)) for order in orders)
+    assert len({tuple(order) for order in orders}) == 3
+    assert pr.round_orders(30, 3) == orders
 
 
 def test_sched_vs_pollux_ratios_and_length_views():

@@ -86,26 +86,51 @@ def _chain() -> nn.Sequential:
     return nn.Sequential(*[nn.Linear(_WIDTH, _WIDTH) for _ in range(_CHAIN)])
 
 
+def _sustained_median_time(fn: Callable[[], object], seconds: float) -> float:
+    """The median time of ``fn`` run back to back on every rank for ``seconds`` (at
+    least 15 times; the ranks agree on the count, as collectives need).
+
+    Latency-like rates (an op's fixed cost, a small collective's) are taken this way,
+    not as the best of a few short windows: on a machine whose cores are shared (2
+    vCPUs of one host, their siblings busy or not) the best of three 15-call windows
+    is a lucky moment. Four calibrations back to back on 2026-11-26 measured the op
+    cost at 11.1-18.6 us and the all-reduce latency at 40-86 us that way, and the rates
+    a sweep's plans later fitted put the op cost in training at about 2.6 times the
+    calibration's (``benchmarks/plan_ranking.py --dump``)."""
+    for _ in range(3):
+        fn()
+    times: list[float] = []
+    dist.barrier()
+    deadline = time.perf_counter() + seconds
+    while True:
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+        go_on = torch.tensor(float(time.perf_counter() < deadline or len(times) < 15))
+        dist.all_reduce(go_on, op=dist.ReduceOp.MIN)
+        if not go_on.item():
+            return statistics.median(times)
+
+
 def _op_overhead() -> float:
-    """Per op and pass, on tiny tensors (the best of three runs: noise only adds)."""
+    """Per op and pass, on tiny tensors, over a sustained second."""
     model, x = _chain(), torch.randn(1, _WIDTH)
-    best = min(_median_time(lambda: model(x).sum().backward()) for _ in range(3))
-    return best / (_CHAIN * 3)
+    return _sustained_median_time(lambda: model(x).sum().backward(), 1.0) / (_CHAIN * 3)
 
 
 def _allreduce_time(nbytes: int) -> float:
     tensor = torch.ones(nbytes // 4)
-    return _median_time(lambda: dist.all_reduce(tensor))
+    return _sustained_median_time(lambda: dist.all_reduce(tensor), 0.5)
 
 
 def _allreduce_fit() -> tuple[float, float]:
     """(latency per ring step, bandwidth): latency from a 4-byte all-reduce, bandwidth
-    from a 4 MiB one, each the best of three medians (noise only adds). Ring
-    all-reduce on n ranks moves 2(n-1)/n of the bytes in 2(n-1) steps."""
+    from a 4 MiB one, each the median over a sustained half second. Ring all-reduce on
+    n ranks moves 2(n-1)/n of the bytes in 2(n-1) steps."""
     n = dist.get_world_size()
-    tiny = min(_allreduce_time(4) for _ in range(3))
+    tiny = _allreduce_time(4)
     size = 4 * 1024 * 1024
-    large = min(_allreduce_time(size) for _ in range(3))
+    large = _allreduce_time(size)
     latency = tiny / (2 * (n - 1))
     bandwidth = 2 * (n - 1) / n * size / max(large - tiny, 1e-9)
     return latency, bandwidth
