@@ -5,7 +5,15 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from unipar.cluster.calibrate import MAX_AGE_S, cache_file, machine, read_cache, write_cache
+from unipar.cluster.calibrate import (
+    MAX_AGE_S,
+    cache_file,
+    cached_load,
+    machine,
+    measured_busy_now_quiet,
+    read_cache,
+    write_cache,
+)
 from unipar.cluster.spec import PRESETS, Collectives
 
 
@@ -51,3 +59,19 @@ def test_an_old_measurement_is_taken_again(tmp_path):
 def test_the_machine_names_its_cpu_model():
     about = machine()
     assert about["cpu"] and about["cpus"] and about["torch"]
+
+
+def test_a_calibration_begun_on_a_busy_machine_is_measured_again_once_quiet(tmp_path):
+    """The load a measurement began at is kept with it; one begun above the cores' count
+    is measured again when at most half of them are busy, and only then."""
+    about = machine()
+    path = cache_file(tmp_path, about)
+    write_cache(path, about, *_measurement(), load_before=3.5)
+    assert cached_load(path) == 3.5
+    assert read_cache(path, about) == _measurement()
+    assert measured_busy_now_quiet(3.5, 0.8, cpus=2)
+    assert not measured_busy_now_quiet(3.5, 1.5, cpus=2)  # still busy: keep it
+    assert not measured_busy_now_quiet(1.9, 0.1, cpus=2)  # begun quiet
+    assert not measured_busy_now_quiet(None, 0.1, cpus=2)  # an older cache: no load kept
+    write_cache(path, about, *_measurement())
+    assert cached_load(path) is None
