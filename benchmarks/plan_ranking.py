@@ -314,12 +314,13 @@ def learn(
 
 
 def dump(path: Path, records: list[RunRecord], report: PlanReport, swept: list[Plan],
-         seconds: list[list[float]]) -> None:
-    """Write the learning records and, for every swept plan, its timed rounds and its
+         rounds_of: list[list[float]]) -> None:
+    """Write the learning records and, for every swept plan, its timed rounds
+    (``rounds_of``, in ``swept``'s order) and its
     uncorrected prediction split among the rate groups (:func:`seconds_by_rate`): what
     a fit of the corrections needs to be replayed without timing anything again."""
     plans = []
-    for plan_, rounds in zip(swept, seconds[len(records):], strict=True):
+    for plan_, rounds in zip(swept, rounds_of, strict=True):
         value, shares = seconds_by_rate(report.profile, plan_, report.cluster)
         plans.append({"plan": plan_.to_json(), "rounds": rounds, "predicted_s": value,
                       "seconds": {rate.value: share for rate, share in shares}})
@@ -397,7 +398,7 @@ def main() -> int:
         learners, seconds, traced, args.steps, plain, load_before, args.keep_overloaded
     )
     if args.dump is not None:
-        dump(args.dump, records, plain, swept, seconds)
+        dump(args.dump, records, plain, swept, seconds[len(learners) :])
     report = choose_plan(spec, learned, GLOBAL_BATCH, keep=10_000)
     median_of = {
         plan: statistics.median(rounds)

@@ -12,6 +12,7 @@ from unipar.cluster.calibrate import (
     machine,
     measured_busy_now_quiet,
     read_cache,
+    read_record,
     write_cache,
 )
 from unipar.cluster.spec import PRESETS, Collectives
@@ -67,11 +68,11 @@ def test_a_calibration_begun_on_a_busy_machine_is_measured_again_once_quiet(tmp_
     about = machine()
     path = cache_file(tmp_path, about)
     write_cache(path, about, *_measurement(), load_before=3.5)
-    assert cached_load(path) == 3.5
+    assert cached_load(read_record(path, about)) == 3.5
     assert read_cache(path, about) == _measurement()
     assert measured_busy_now_quiet(3.5, 0.8, cpus=2)
     assert not measured_busy_now_quiet(3.5, 1.5, cpus=2)  # still busy: keep it
     assert not measured_busy_now_quiet(1.9, 0.1, cpus=2)  # begun quiet
     assert not measured_busy_now_quiet(None, 0.1, cpus=2)  # an older cache: no load kept
     write_cache(path, about, *_measurement())
-    assert cached_load(path) is None
+    assert cached_load(read_record(path, about)) is None

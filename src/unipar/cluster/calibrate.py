@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -147,15 +148,23 @@ def cache_file(cache_dir: Path, about: dict[str, object]) -> Path:
     return cache_dir / f"cpu-calibration-{machine_key(about)}.json"
 
 
-def read_cache(
+def read_record(
     path: Path, about: dict[str, object], now: float | None = None
-) -> tuple[DeviceSpec, LinkSpec] | None:
-    """The cached measurement, if it was taken on this machine within MAX_AGE_S."""
+) -> dict[str, Any] | None:
+    """The cached record, if it was measured on this machine within MAX_AGE_S."""
     try:
         data = json.loads(path.read_text())
         age = (time.time() if now is None else now) - float(data["measured_at"])
         if data["machine"] != about or not 0 <= age <= MAX_AGE_S:
             return None
+        return data
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent or unreadable: measure again
+
+
+def measurement_of(data: dict[str, Any]) -> tuple[DeviceSpec, LinkSpec] | None:
+    """The device and link a cached record holds (``None``: not readable as one)."""
+    try:
         device = DeviceSpec(
             **{
                 **data["device"],
@@ -166,8 +175,16 @@ def read_cache(
             }
         )
         return device, LinkSpec(**data["link"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # absent or unreadable: measure again
+    except (ValueError, KeyError, TypeError):
+        return None  # written by another version: measure again
+
+
+def read_cache(
+    path: Path, about: dict[str, object], now: float | None = None
+) -> tuple[DeviceSpec, LinkSpec] | None:
+    """The cached measurement, if it was taken on this machine within MAX_AGE_S."""
+    data = read_record(path, about, now)
+    return None if data is None else measurement_of(data)
 
 
 def write_cache(
@@ -203,12 +220,12 @@ def write_cache(
 CALIBRATION_TAKES_S = 45
 
 
-def cached_load(path: Path) -> float | None:
-    """The load average a cached measurement began at (``None``: not recorded)."""
+def cached_load(data: dict[str, Any]) -> float | None:
+    """The load average a cached record's measurement began at (``None``: not kept)."""
     try:
-        load = json.loads(path.read_text()).get("load_before")
+        load = data.get("load_before")
         return None if load is None else float(load)
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError):
         return None
 
 
@@ -225,9 +242,10 @@ def measured_busy_now_quiet(load_then: float | None, load_now: float, cpus: int)
 def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
     about = machine()
     path = cache_file(cache_dir, about)
-    cached = read_cache(path, about)
+    data = read_record(path, about)
+    cached = None if data is None else measurement_of(data)
     cpus, load_now = os.cpu_count() or 1, os.getloadavg()[0]
-    load_then = cached_load(path)
+    load_then = None if data is None else cached_load(data)
     if cached is not None and not measured_busy_now_quiet(load_then, load_now, cpus):
         return cached
     why = (
