@@ -253,6 +253,22 @@ def test_plan_ranking_first_choice_gap_per_round():
     assert all(sorted(order) == list(range(30)) for order in orders)
     assert len({tuple(order) for order in orders}) == 3
     assert pr.round_orders(30, 3) == orders
+    # the learning plans: one each of pipeline, tensor parallel and sharded (between them
+    # every rate group), the middle of each kind's ranking; data parallel only as a 4th
+    from types import SimpleNamespace
+
+    def candidate(pp: int = 1, tp: int = 1, fsdp: int = 1, dp: int = 1, index: int = 0):
+        mesh = SimpleNamespace(pp=pp, tp=tp, fsdp=fsdp, dp=dp)
+        return SimpleNamespace(plan=SimpleNamespace(mesh=mesh, index=index))
+
+    ranked = [candidate(dp=2, index=i) for i in range(3)] + [
+        candidate(fsdp=2, index=0), candidate(pp=2, index=0), candidate(tp=2, index=0),
+        candidate(fsdp=2, index=1), candidate(pp=2, index=1), candidate(fsdp=2, index=2),
+    ]
+    chosen = pr.learning_plans(ranked, 3)  # the middle of each kind's ranking
+    assert [id(c) for c in chosen] == [id(ranked[7]), id(ranked[5]), id(ranked[6])]
+    assert pr.learning_plans(ranked, 4)[-1] is ranked[1]
+    assert pr.learning_plans(ranked[:3], 3) == [ranked[1]]  # a kind absent is skipped
 
 
 def test_sched_vs_pollux_ratios_and_length_views():

@@ -114,7 +114,7 @@ def calibrated_cpu_cluster(
     return ClusterSpec("cpu", nodes, devices_per_node, device, link, link, machine=where)
 
 
-_CACHE_VERSION = 15
+_CACHE_VERSION = 16
 MAX_AGE_S = 30 * 24 * 3600  # clocks, kernels and neighbours drift: measure monthly
 
 

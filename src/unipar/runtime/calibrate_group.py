@@ -41,7 +41,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -97,19 +97,47 @@ def _sustained_median_time(fn: Callable[[], object], seconds: float) -> float:
     cost at 11.1-18.6 us and the all-reduce latency at 40-86 us that way, and the rates
     a sweep's plans later fitted put the op cost in training at about 2.6 times the
     calibration's (``benchmarks/plan_ranking.py --dump``)."""
+    return statistics.median(_sustained_samples(lambda: _timed(fn), seconds))
+
+
+def _paired_median_difference(
+    first: Callable[[], object], second: Callable[[], object], seconds: float
+) -> float:
+    """The median over a sustained ``seconds`` of ``first``'s time less ``second``'s,
+    the two run alternately: a rate that is a difference of two timings (FSDP's own time:
+    a sharded step less the plain one) is taken from pairs measured moments apart, so
+    that the machine's drift over the measurement cancels in each pair and an outlier
+    moves the median by one sample. Taken instead as the difference of two medians of 15
+    calls each, apart in time (the smaller of two such), FSDP's per-gather rate ranged
+    0.30-1.41 ms and its per-step rate 0-2.2 ms over calibrations minutes apart, and the
+    sweep's ZeRO-3 plans were predicted 8-44% fast while their measured times held within
+    3% (``benchmarks/plan_ranking.py --dump``, 2026-11-26)."""
+    return statistics.median(
+        _sustained_samples(lambda: _timed(first) - _timed(second), seconds)
+    )
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _sustained_samples(sample: Callable[[], float], seconds: float) -> list[float]:
+    """``sample()`` taken back to back on every rank for ``seconds``, after 3 to warm up:
+    at least 15 samples, the same count on every rank (they agree on stopping by an
+    all-reduce, as the collectives inside a sample need)."""
     for _ in range(3):
-        fn()
-    times: list[float] = []
+        sample()
+    samples: list[float] = []
     dist.barrier()
     deadline = time.perf_counter() + seconds
     while True:
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-        go_on = torch.tensor(float(time.perf_counter() < deadline or len(times) < 15))
+        samples.append(sample())
+        go_on = torch.tensor(float(time.perf_counter() < deadline or len(samples) < 15))
         dist.all_reduce(go_on, op=dist.ReduceOp.MIN)
         if not go_on.item():
-            return statistics.median(times)
+            return samples
 
 
 def _op_overhead() -> float:
@@ -281,12 +309,13 @@ def _fsdp_overheads(latency: float, bandwidth: float, more: int = 3) -> FsdpOver
     x = torch.randn(1, _WIDTH)
     model, plain = _sharded_chain(False), _chain()
     extra = {
-        m: _median_time(_accumulating_step(model, x, m))
-        - _median_time(_accumulating_step(plain, x, m))
+        m: _paired_median_difference(
+            _accumulating_step(model, x, m), _accumulating_step(plain, x, m), 0.5
+        )
         for m in (1, more)
     }
     tensors = 2 * _CHAIN  # weight and bias
-    optimizer = _median_time(_optimizer_step(model)) - _median_time(_optimizer_step(plain))
+    optimizer = _paired_median_difference(_optimizer_step(model), _optimizer_step(plain), 0.25)
     tensor_step = max(optimizer, 0.0) / tensors
     tensor_pass = max(extra[more] - extra[1], 0.0) / ((more - 1) * tensors * 3)
     unit_bytes = _WIDTH * (_WIDTH + 1) * 4
@@ -295,9 +324,10 @@ def _fsdp_overheads(latency: float, bandwidth: float, more: int = 3) -> FsdpOver
     def priced(kind: Collective) -> float:
         return _ring_seconds(unit_bytes, kind.fraction(gloo), latency, bandwidth)
 
-    zero3 = _median_time(_accumulating_step(_sharded_chain(True), x, 1))
-    zero2 = _median_time(_accumulating_step(model, x, 1))
-    gather = max(zero3 - zero2 - _CHAIN * priced(Collective.ALL_GATHER), 0.0) / _CHAIN
+    zero3_over_zero2 = _paired_median_difference(
+        _accumulating_step(_sharded_chain(True), x, 1), _accumulating_step(model, x, 1), 0.5
+    )
+    gather = max(zero3_over_zero2 - _CHAIN * priced(Collective.ALL_GATHER), 0.0) / _CHAIN
     collectives = _CHAIN * (priced(Collective.REDUCE_SCATTER) + priced(Collective.ALL_GATHER))
     rest = extra[1] - collectives - _CHAIN * gather - tensors * (3 * tensor_pass + tensor_step)
     return FsdpOverheads(tensor_pass, max(rest, 0.0) / _CHAIN, tensor_step, gather)
@@ -413,8 +443,7 @@ def main(rank: int, world: int, port: int) -> None:
     latency, bandwidth = _allreduce_fit()
     sharded_linear = min(_sharded_linear_overhead(latency, bandwidth) for _ in range(2))
     sequence_parallel = _sequence_parallel_overhead(latency, bandwidth)
-    runs = [_fsdp_overheads(latency, bandwidth) for _ in range(2)]  # noise only adds
-    fsdp = FsdpOverheads(*(min(values) for values in zip(*(astuple(r) for r in runs), strict=True)))
+    fsdp = _fsdp_overheads(latency, bandwidth)
     slowdown = min(early_slowdown, _sustained_slowdown(arithmetic, op_overhead))
     dist.barrier()  # no rank leaves while another still talks to it
     dist.destroy_process_group()
