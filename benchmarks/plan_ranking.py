@@ -9,7 +9,7 @@ run, traced, and their records fitted into the rate corrections a run leaves
 (:mod:`unipar.cluster.learned_fit`); those plans are left out of what follows. Then
 every other plan is predicted with the corrected cluster (and, for comparison, with
 the calibration alone) and compared with its measured time. Every plan is timed in
-``--sweeps`` rounds (3), the learning plans (traced) in the same rounds as the others,
+``--sweeps`` rounds (5), the learning plans (traced) in the same rounds as the others,
 each round in a shuffled order of its own, and each plan's median round taken (a
 plan's time: the median over its timed steps of each step's slowest rank, as a run's
 summary measures its step): one timing
@@ -30,7 +30,7 @@ On a machine whose load average is above twice its cores, runs are kept apart fr
 learning (as a run's are): nothing is corrected. ``--keep-overloaded`` learns from them
 anyway, to check the mechanism on a busy machine.
 
-    python benchmarks/plan_ranking.py [--workers 2] [--steps 6] [--sweeps 3] [--rounds 5]
+    python benchmarks/plan_ranking.py [--workers 2] [--steps 6] [--sweeps 5] [--rounds 5]
         [--learn-from 3]
         [--quick]
 
@@ -349,7 +349,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6, help="timed steps per plan")
-    parser.add_argument("--sweeps", type=int, default=3,
+    parser.add_argument("--sweeps", type=int, default=5,
                         help="rounds each plan is timed in (learning and sweep; the median)")
     parser.add_argument("--rounds", type=int, default=5, help="re-timings of the top plans")
     parser.add_argument("--top", type=int, default=3, help="measured-fastest plans re-timed")
