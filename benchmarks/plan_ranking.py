@@ -225,11 +225,12 @@ def timed_rounds(
     rounds: int,
     steps: int,
     traced: frozenset[Plan] = frozenset(),
+    seed: int = 0,
 ) -> tuple[list[list[float]], list[list[list[TraceRecord]]]]:
     """Each of ``plans`` timed in ``rounds`` rounds, each round in its own shuffled order
-    (:func:`round_orders`): per plan, its seconds per step in each round and (those of
-    ``traced``) its records."""
-    orders = round_orders(len(plans), rounds)
+    (:func:`round_orders` of ``seed``): per plan, its seconds per step in each round and
+    (those of ``traced``) its records."""
+    orders = round_orders(len(plans), rounds, seed)
     found = measure(workers, [[plans[i] for i in order] for order in orders], steps, traced)
     # each plan's (round, position) in every round
     slots = [[(r, order.index(i)) for r, order in enumerate(orders)] for i in range(len(plans))]
@@ -437,15 +438,10 @@ def main() -> int:
     contenders = list(dict.fromkeys([0, *order[: args.top]]))
     # each round in an order of its own, as the sweep's: the first choice is not always
     # timed first
-    orders = round_orders(len(contenders), args.rounds, seed=1)
-    again = measure(
-        args.workers, [[candidates[contenders[k]].plan for k in order] for order in orders],
-        args.steps,
+    again, _ = timed_rounds(
+        args.workers, [candidates[i].plan for i in contenders], args.rounds, args.steps, seed=1
     )
-    times = {
-        i: [again[(r, order.index(k))] for r, order in enumerate(orders)]
-        for k, i in enumerate(contenders)
-    }
+    times = dict(zip(contenders, again, strict=True))
     medians = {i: statistics.median(t) for i, t in times.items()}
     spread = {i: max(t) - min(t) for i, t in times.items()}
     fastest = min(medians, key=medians.get)

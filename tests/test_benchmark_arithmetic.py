@@ -253,9 +253,14 @@ def test_plan_ranking_first_choice_gap_per_round():
     assert all(sorted(order) == list(range(30)) for order in orders)
     assert len({tuple(order) for order in orders}) == 3
     assert pr.round_orders(30, 3) == orders
-    # the learning plans: one each of pipeline, tensor parallel and sharded (between them
-    # every rate group), the middle of each kind's ranking; data parallel only as a 4th
+
+
+def test_plan_ranking_learns_from_pipeline_tensor_parallel_and_sharded_plans():
+    """One each of pipeline, tensor parallel and sharded (between them every rate group),
+    the middle of each kind's ranking; data parallel only as a 4th."""
     from types import SimpleNamespace
+
+    import plan_ranking as pr
 
     def candidate(pp: int = 1, tp: int = 1, fsdp: int = 1, dp: int = 1, index: int = 0):
         mesh = SimpleNamespace(pp=pp, tp=tp, fsdp=fsdp, dp=dp)
@@ -314,3 +319,20 @@ def test_adaptive_batch_unreached_target_is_never_a_pass():
     held = ab.step_overhead(steps(1.1, 1.2, 0.9), steps(1.0, 1.0, 1.0))
     assert held.median == pytest.approx(0.1) and held.low == pytest.approx(-0.1)
     assert ab.step_overhead(steps(1.0), steps(0.0)).missing  # no timed step: no figure
+
+
+def test_plan_ranking_rounds_map_back_to_their_plans(monkeypatch):
+    """Whatever order each round runs its plans in, each plan gets its own times back."""
+    import plan_ranking as pr
+
+    def measure(world, schedule, steps, traced=frozenset()):
+        return {(r, p): plan * 10.0 + r for r, plans in enumerate(schedule)
+                for p, plan in enumerate(plans)}
+
+    monkeypatch.setattr(pr, "measure", measure)
+    for seed in (0, 1):
+        seconds, records = pr.timed_rounds(2, [1, 2, 3, 4], rounds=3, steps=1, seed=seed)
+        assert seconds == [[10.0, 11.0, 12.0], [20.0, 21.0, 22.0], [30.0, 31.0, 32.0],
+                           [40.0, 41.0, 42.0]]
+        assert records == [[[], [], []]] * 4
+    assert pr.round_orders(4, 3, 0) != pr.round_orders(4, 3, 1)

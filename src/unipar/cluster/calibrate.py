@@ -216,7 +216,8 @@ def write_cache(
 
 
 # 46 s at load 0.4-1.7 on 2 cores, 55 s at 4-6 (FSDP timed at 1 and 3 micro-batches,
-# ZeRO-2 and ZeRO-3; 22-31 s on idle cores before that)
+# ZeRO-2 and ZeRO-3; 22-31 s on idle cores before that); 45 s twice at load 0-2 with
+# FSDP's rates taken once, in sustained pairs (2026-11-26)
 CALIBRATION_TAKES_S = 45
 
 

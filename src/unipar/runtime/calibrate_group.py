@@ -104,17 +104,27 @@ def _paired_median_difference(
     first: Callable[[], object], second: Callable[[], object], seconds: float
 ) -> float:
     """The median over a sustained ``seconds`` of ``first``'s time less ``second``'s,
-    the two run alternately: a rate that is a difference of two timings (FSDP's own time:
-    a sharded step less the plain one) is taken from pairs measured moments apart, so
-    that the machine's drift over the measurement cancels in each pair and an outlier
-    moves the median by one sample. Taken instead as the difference of two medians of 15
-    calls each, apart in time (the smaller of two such), FSDP's per-gather rate ranged
-    0.30-1.41 ms and its per-step rate 0-2.2 ms over calibrations minutes apart, and the
-    sweep's ZeRO-3 plans were predicted 8-44% fast while their measured times held within
-    3% (``benchmarks/plan_ranking.py --dump``, 2026-11-26)."""
-    return statistics.median(
-        _sustained_samples(lambda: _timed(first) - _timed(second), seconds)
-    )
+    the two run in pairs, back to back: a rate that is a difference of two timings
+    (FSDP's own time: a sharded step less the plain one) is taken from pairs measured
+    moments apart, so that the machine's drift over the measurement cancels in each pair
+    and an outlier moves the median by one sample. Taken instead as the difference of two
+    medians of 15 calls each, apart in time (the smaller of two such), FSDP's per-gather
+    rate ranged 0.30-1.41 ms and its per-step rate 0-2.2 ms over calibrations minutes
+    apart, and the sweep's ZeRO-3 plans were predicted 8-44% fast while their measured
+    times held within 3% (``benchmarks/plan_ranking.py --dump``, 2026-11-26)."""
+    pairs = 0
+
+    def pair() -> float:
+        # which of the two runs first alternates, so that neither always follows the
+        # ranks' agreement to go on
+        nonlocal pairs
+        pairs += 1
+        if pairs % 2:
+            return _timed(first) - _timed(second)
+        later = _timed(second)
+        return _timed(first) - later
+
+    return statistics.median(_sustained_samples(pair, seconds))
 
 
 def _timed(fn: Callable[[], object]) -> float:
