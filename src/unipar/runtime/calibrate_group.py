@@ -402,16 +402,7 @@ def _sustained_slowdown(arithmetic: dict[str, float], op_overhead: float) -> flo
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(3):
-        step()
-    dist.barrier()
-    times = []
-    deadline = time.perf_counter() + 3.0
-    while time.perf_counter() < deadline or len(times) < 5:
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    measured = statistics.median(times)
+    measured = _sustained_median_time(step, 3.0)
 
     device = DeviceSpec(
         name="cpu-thread",
