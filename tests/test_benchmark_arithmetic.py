@@ -336,3 +336,36 @@ def test_plan_ranking_rounds_map_back_to_their_plans(monkeypatch):
                            [40.0, 41.0, 42.0]]
         assert records == [[[], [], []]] * 4
     assert pr.round_orders(4, 3, 0) != pr.round_orders(4, 3, 1)
+
+
+def test_plan_ranking_times_again_what_a_dead_worker_left(monkeypatch):
+    """A worker that dies costs the plans not yet timed fresh processes, not the run; the
+    plan it died in is timed afresh, the others keep their times; a third death is
+    raised."""
+    import plan_ranking as pr
+    import torch.multiprocessing as mp
+
+    calls = []
+
+    def spawn(fn, args, nprocs, join):
+        items, results = args[2], args[5]
+        calls.append([(r, i) for r, i, _ in items])
+        for r, i, _ in items[: 2 if len(calls) == 1 else None]:
+            results[(r, i)] = float(10 * r + i)
+        if len(calls) == 1:
+            raise mp.ProcessExitedException("died", 1, 123, -11, "SIGSEGV")
+
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(pr.mp, "spawn", spawn)
+    plans = [SimpleNamespace(to_json=lambda: "a"), SimpleNamespace(to_json=lambda: "b")]
+    found = pr.measure(2, [plans, plans], steps=1)
+    assert calls == [[(0, 0), (0, 1), (1, 0), (1, 1)], [(1, 0), (1, 1)]]
+    assert found == {(0, 0): 0.0, (0, 1): 1.0, (1, 0): 10.0, (1, 1): 11.0}
+
+    def always_dies(fn, args, nprocs, join):
+        raise mp.ProcessExitedException("died", 0, 1, -6, "SIGABRT")
+
+    monkeypatch.setattr(pr.mp, "spawn", always_dies)
+    with pytest.raises(mp.ProcessExitedException):
+        pr.measure(2, [plans], steps=1)
