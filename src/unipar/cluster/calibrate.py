@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from unipar.cluster.run_records import cache_dir as default_cache_dir
+from unipar.cluster.run_records import machine_load
 from unipar.cluster.spec import (
     AttentionKernel,
     ClusterSpec,
@@ -245,7 +246,7 @@ def _cached_measurement(cache_dir: Path) -> tuple[DeviceSpec, LinkSpec]:
     path = cache_file(cache_dir, about)
     data = read_record(path, about)
     cached = None if data is None else measurement_of(data)
-    cpus, load_now = os.cpu_count() or 1, os.getloadavg()[0]
+    load_now, cpus = machine_load()
     load_then = None if data is None else cached_load(data)
     if cached is not None and not measured_busy_now_quiet(load_then, load_now, cpus):
         return cached
