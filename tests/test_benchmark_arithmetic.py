@@ -11,6 +11,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -258,8 +259,6 @@ def test_plan_ranking_first_choice_gap_per_round():
 def test_plan_ranking_learns_from_pipeline_tensor_parallel_and_sharded_plans():
     """One each of pipeline, tensor parallel and sharded (between them every rate group),
     the middle of each kind's ranking; data parallel only as a 4th."""
-    from types import SimpleNamespace
-
     import plan_ranking as pr
 
     def candidate(pp: int = 1, tp: int = 1, fsdp: int = 1, dp: int = 1, index: int = 0):
@@ -343,8 +342,8 @@ def test_plan_ranking_times_again_what_a_dead_worker_left(monkeypatch):
     plan it died in is timed afresh, the others keep their times; a third death is
     raised."""
     import plan_ranking as pr
-    import torch.multiprocessing as mp
 
+    died = pr.mp.ProcessExitedException
     calls = []
 
     def spawn(fn, args, nprocs, join):
@@ -353,9 +352,7 @@ def test_plan_ranking_times_again_what_a_dead_worker_left(monkeypatch):
         for r, i, _ in items[: 2 if len(calls) == 1 else None]:
             results[(r, i)] = float(10 * r + i)
         if len(calls) == 1:
-            raise mp.ProcessExitedException("died", 1, 123, -11, "SIGSEGV")
-
-    from types import SimpleNamespace
+            raise died("died", 1, 123, -11, "SIGSEGV")
 
     monkeypatch.setattr(pr.mp, "spawn", spawn)
     plans = [SimpleNamespace(to_json=lambda: "a"), SimpleNamespace(to_json=lambda: "b")]
@@ -364,8 +361,8 @@ def test_plan_ranking_times_again_what_a_dead_worker_left(monkeypatch):
     assert found == {(0, 0): 0.0, (0, 1): 1.0, (1, 0): 10.0, (1, 1): 11.0}
 
     def always_dies(fn, args, nprocs, join):
-        raise mp.ProcessExitedException("died", 0, 1, -6, "SIGABRT")
+        raise died("died", 0, 1, -6, "SIGABRT")
 
     monkeypatch.setattr(pr.mp, "spawn", always_dies)
-    with pytest.raises(mp.ProcessExitedException):
+    with pytest.raises(died):
         pr.measure(2, [plans], steps=1)
