@@ -77,7 +77,13 @@ from unipar.models.mlp import MLP, MLPConfig
 from unipar.optimizer import LRSchedule, OptimizerSpec, ScheduleKind
 from unipar.ray_cluster.session import start_ray
 from unipar.recipes import gpt_stdlib
-from unipar.sched.solo import adaptive_run, fixed_run, measured_batches, requested_batch
+from unipar.sched.solo import (
+    adaptive_run,
+    best_schedule_run,
+    fixed_run,
+    measured_batches,
+    requested_batch,
+)
 from unipar.sched.traces import default_reference_dir, load_applications
 from unipar.sched.workload import read_workload
 
@@ -405,11 +411,15 @@ def traces(reference: Path | None, seeds: int) -> int:
     own_progress: list[float] = []  # each run's own progress over the trace's
     vs_default: dict[str, float] = {}  # where the default batch is not the best fixed one
     default_to_best: dict[str, float] = {}  # there, the best fixed batch over the default
+    schedule_to_default: dict[str, float] = {}  # there, the best batch schedule's
+    schedule_to_best: list[float] = []  # the best batch schedule over the best fixed batch
     for name, app in apps.items():
         default = requested_batch(name, loads)
         for gpus in TRACE_SIZES:
             fixed = {b: fixed_run(app, gpus, b).seconds for b in measured_batches(app, gpus)}
             best = min(fixed, key=lambda b: fixed[b])
+            bound = best_schedule_run(app, gpus).seconds
+            schedule_to_best.append(bound / fixed[best])
             runs = [adaptive_run(app, gpus, seed=seed) for seed in range(seeds)]
             to_best = [ratio(r.seconds, fixed[best]) for r in runs]
             worst_to_best += to_best
@@ -420,15 +430,20 @@ def traces(reference: Path | None, seeds: int) -> int:
                     f"{Spread.of([r.seconds / 3600 for r in runs])} h over {seeds} seeds "
                     f"(batch mostly {statistics.median(r.final_batch for r in runs):.0f}; own "
                     f"progress {Spread.of(own)} of the trace's)  vs best fixed ({best}) "
-                    f"{Spread.of(to_best)}")
+                    f"{Spread.of(to_best)}; best schedule / best fixed "
+                    f"{schedule_to_best[-1]:.3f}")
             if default in fixed:
                 to_default = [ratio(r.seconds, fixed[default]) for r in runs]
                 if best != default:  # the target holds where the default is not the best
                     vs_default[f"{name}/{gpus}"] = statistics.median(to_default)
                     default_to_best[f"{name}/{gpus}"] = fixed[best] / fixed[default]
+                    schedule_to_default[f"{name}/{gpus}"] = bound / fixed[default]
                 line += (f"  vs default ({default}) {Spread.of(to_default)}, best fixed / "
                          f"default {fixed[best] / fixed[default]:.3f}")
             print(line, flush=True)
+    verdict.check(all(x <= 1.0 + 1e-9 for x in schedule_to_best), "no fixed batch beats "
+                  f"the best batch schedule (its ratio to the best fixed batch at most "
+                  f"{max(schedule_to_best):.3f})")
     verdict.check(all(0.9 <= x <= 1.1 for x in own_progress), "every adaptive run's own "
                   f"progress is within 10% of the trace's ({Spread.of(own_progress)})")
     print(f"adaptive / best fixed: worst {max(worst_to_best):.3f} over {len(worst_to_best)} "
@@ -438,10 +453,15 @@ def traces(reference: Path | None, seeds: int) -> int:
           f"{sum(v <= 0.7 for v in vs_default.values())} at or below 0.7; there the best "
           f"fixed batch over the default: median "
           f"{statistics.median(default_to_best.values()):.3f}, "
-          f"{sum(v <= 0.7 for v in default_to_best.values())} at or below 0.7", flush=True)
+          f"{sum(v <= 0.7 for v in default_to_best.values())} at or below 0.7; the best batch "
+          f"schedule (each epoch's fastest batch, known exactly: no batch policy does "
+          f"better) over the default: median "
+          f"{statistics.median(schedule_to_default.values()):.3f}, "
+          f"{sum(v <= 0.7 for v in schedule_to_default.values())} at or below 0.7", flush=True)
     return verdict.finish({
         "traces_vs_best_fixed": max(worst_to_best),
         "traces_vs_default": statistics.median(vs_default.values()),
+        "traces_best_schedule_vs_default": statistics.median(schedule_to_default.values()),
     })
 
 

@@ -10,6 +10,8 @@ the rule that makes it so (AdaScale, Johnson et al. 2020) and the schedule runs 
 progress: every batch here, fixed or adaptive, is held to the same rule.
 
 - :func:`fixed_run`: one batch throughout, epoch by epoch (closed form).
+- :func:`best_schedule_run`: in every epoch the batch that makes progress fastest, known
+  exactly (closed form): what no batch policy beats on this ground truth.
 - :func:`adaptive_run`: the runtime's own :class:`~unipar.adapt.state.AdaptState`, step
   by step, with the same calls the trainer makes (:mod:`unipar.runtime.adaptive`): each
   step reports a noise sample and its time (``after_step``), and a choice is made when
@@ -113,6 +115,39 @@ def fixed_run(app: Application, gpus: int, batch: int, gpus_per_node: int = 4) -
         seconds += step * app.progress_per_epoch / per_step
     return SoloRun(seconds, math.ceil(steps), app.target_progress, app.target_progress,
                    {batch: seconds})
+
+
+def best_schedule_run(app: Application, gpus: int, gpus_per_node: int = 4,
+                      max_micro_batches: int = 64) -> SoloRun:
+    """In every epoch the fastest-progressing shape there is, chosen knowing the epoch's
+    gradient statistics and step times exactly, with no cost to change it.
+
+    Within an epoch the gain and the step time of a shape are constant, so a run's seconds
+    are Σ_epochs progress_per_epoch / rate, rate = gain(M) / seconds(micro, accum), and
+    taking the largest rate in each epoch minimises the sum: no policy that sets the batch
+    at any time, from any measurements, finishes sooner. The shapes: every per-GPU batch
+    the trace timed the range of (``min_local_bsz`` to ``max_local_bsz``), 1 to
+    ``max_micro_batches`` micro-batches, total M from the smallest batch measured (below
+    M0 where a validation run was) to the largest; every even split of a measured batch,
+    so of :func:`fixed_run`'s batches, is one of them."""
+    truth = _Truth(app, gpus, gpus_per_node)
+    low = min(v.batch for v in app.validations)
+    shapes = [(m, a) for m in range(app.min_local_bsz, app.max_local_bsz + 1)
+              for a in range(1, max_micro_batches + 1)
+              if low <= gpus * m * a <= app.max_batch]
+    seconds = np.array([truth.seconds(m, a) for m, a in shapes])
+    batches = [gpus * m * a for m, a in shapes]
+    total, steps = 0.0, 0.0
+    at_batch: dict[int, float] = {}
+    for epoch in range(app.epochs):
+        gain = np.array([truth.gain(b, epoch) for b in batches])
+        best = int(np.argmax(gain / seconds))
+        took = app.progress_per_epoch / gain[best] * seconds[best]
+        total += took
+        steps += app.progress_per_epoch / gain[best]
+        at_batch[batches[best]] = at_batch.get(batches[best], 0.0) + took
+    return SoloRun(total, math.ceil(steps), app.target_progress, app.target_progress,
+                   at_batch)
 
 
 def draw_sample(
