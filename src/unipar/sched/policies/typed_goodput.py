@@ -14,14 +14,15 @@ one-GPU goodput on any type: the generalised mean of Pollux (eq. 12) and Sia (§
 speedups, weighted towards the jobs closest to their end (Pollux's and Sia's admit no
 length information; unipar's homogeneous policy showed it shortens the average JCT). The
 weights' exponent is ½, not the homogeneous policy's 1: on Sia's traces, where a 100-hour
-imagenet job shares the cluster with 10-minute cifar10 jobs, an exponent of 1 values the
-short job's time 10⁴ times the long one's, and the long job was moved for the smallest gain
-of a short one (imagenet on newTrace workload 1: 102 restarts of 250 s, JCT 22.9 h; 70 and
-18.5 h at ½; average JCT 0.724 h against 0.671 h; measured with exponents ¼ to 1 on
-newTrace workloads 1-2 and Philly 1-8, ``docs/heterogeneous-clusters.md``). A
-running job's goodput at any other configuration is scaled by Pollux's reallocation factor
-(T − R·δ)/(T + δ) times T_c/(T_c + δ), T_c its predicted remaining seconds there, δ its
-application's restart seconds: a move pays only when the time it saves exceeds the restart.
+imagenet job shares the cluster with 6-minute cifar10 jobs, an exponent of 1 weighs the
+long job 1,000 times less than the short one (32 times at ½), and the long job was moved
+for small gains of short ones (imagenet on newTrace workload 1: 102 restarts of 250 s,
+JCT 22.9 h; 70 and 18.5 h at ½; average JCT 0.724 h against 0.671 h; measured with
+exponents ¼ to 1 on newTrace workloads 1-2 and Philly 1-8,
+``docs/heterogeneous-clusters.md``). A running job's goodput at any other configuration is
+scaled by Pollux's reallocation factor (T − R·δ)/(T + δ) times T_c/(T_c + δ), T_c its
+predicted remaining seconds there, δ its application's restart seconds: a move pays only
+when the time it saves exceeds the restart.
 A job still restarting keeps its GPUs.
 
 Search (:mod:`unipar.sched.assign`): the integer program is a multiple-choice knapsack with
