@@ -399,7 +399,8 @@ def traces(reference: Path | None, seeds: int) -> int:
     seeds of its noisy measurements; :mod:`unipar.sched.solo`). The default batch is
     the one the paper's workloads ask for most often for the application; adaptive /
     default is summarised where the default is not the best fixed batch, beside what the
-    best fixed batch itself gains there (no batch policy gains much more). A simulation:
+    best fixed batch and the best batch schedule (``best_schedule_run``: what no batch
+    policy beats on the closed form) gain there. A simulation:
     its figures do not depend on the machine's load."""
     if seeds < 1:
         raise SystemExit(f"--seeds must be at least 1, but got {seeds}")
@@ -455,7 +456,7 @@ def traces(reference: Path | None, seeds: int) -> int:
           f"{statistics.median(default_to_best.values()):.3f}, "
           f"{sum(v <= 0.7 for v in default_to_best.values())} at or below 0.7; the best batch "
           f"schedule (each epoch's fastest batch, known exactly: no batch policy does "
-          f"better) over the default: median "
+          f"better on the closed form) over the default: median "
           f"{statistics.median(schedule_to_default.values()):.3f}, "
           f"{sum(v <= 0.7 for v in schedule_to_default.values())} at or below 0.7", flush=True)
     return verdict.finish({

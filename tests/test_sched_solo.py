@@ -1,6 +1,7 @@
 """One job alone on the simulated cluster (sched/solo.py): the step-by-step run agrees
 with the closed form, the adaptive batch is near the best fixed one (ncf, ~10 s), and the
-best batch schedule beats every fixed batch (yolov3, under 1 s)."""
+best batch schedule beats every fixed batch and is not beaten by the adaptive batch
+(yolov3, ~2 s)."""
 
 from __future__ import annotations
 
@@ -48,15 +49,26 @@ def test_the_adaptive_batch_is_within_5_percent_of_the_best_fixed_batch(ncf):
 
 @pytest.mark.parametrize("gpus", [1, 4, 16])
 def test_no_fixed_batch_beats_the_best_batch_schedule(applications, gpus):
-    """Each epoch's fastest shape, known exactly, is never slower than a fixed batch; on 16
-    GPUs, where yolov3's gradient noise grows over training, it is faster than any, by
-    moving its batch up over the epochs."""
+    """Each epoch's fastest shape, known exactly, is never slower than a fixed batch; on 4
+    and 16 GPUs, where yolov3's gradient noise grows over training, it is faster than any,
+    by moving its batch up over the epochs. Its seconds are the sum of its batches'."""
     yolo = applications["yolov3"]
     fixed = {b: fixed_run(yolo, gpus, b).seconds for b in measured_batches(yolo, gpus)}
     best = best_schedule_run(yolo, gpus)
     assert best.seconds <= min(fixed.values()) * (1 + 1e-12)
-    if gpus == 16:
+    assert sum(best.at_batch.values()) == pytest.approx(best.seconds, rel=1e-12)
+    if gpus > 1:
         assert best.seconds < 0.95 * min(fixed.values())
-        assert len(best.at_batch) > 1
         batches_in_order = list(best.at_batch)
-        assert batches_in_order[-1] > batches_in_order[0]
+        assert len(batches_in_order) > 1 and batches_in_order[-1] > batches_in_order[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_adaptive_batch_does_not_beat_the_best_batch_schedule(applications, seed):
+    """The other side of the bound: the runtime's own choices, step by step with exact
+    step times, finish no sooner than the best schedule (within the 3e-4 a step that
+    crosses an epoch's end can gain), and within 5% of it (measured 1.8%)."""
+    yolo = applications["yolov3"]
+    best = best_schedule_run(yolo, 16).seconds
+    run = adaptive_run(yolo, 16, seed=seed, jitter=0.0)
+    assert best * (1 - 1e-3) <= run.seconds <= 1.05 * best

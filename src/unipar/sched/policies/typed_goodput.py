@@ -18,7 +18,7 @@ imagenet job shares the cluster with 6-minute cifar10 jobs, an exponent of 1 wei
 long job 1,000 times less than the short one (32 times at ½), and the long job was moved
 for small gains of short ones (imagenet on newTrace workload 1: 102 restarts of 250 s,
 JCT 22.9 h; 70 and 18.5 h at ½; average JCT 0.724 h against 0.671 h; measured with
-exponents ¼ to 1 on newTrace workloads 1-2 and Philly 1-8,
+exponents ½ to 1 on newTrace workload 1, ¼ to 1 on workload 2 and Philly 1-8,
 ``docs/heterogeneous-clusters.md``). A running job's goodput at any other configuration is
 scaled by Pollux's reallocation factor (T − R·δ)/(T + δ) times T_c/(T_c + δ), T_c its
 predicted remaining seconds there, δ its application's restart seconds: a move pays only
