@@ -378,13 +378,16 @@ def _train(
             gang.leaving.clear()
             if leaving:  # they stopped after a round; their node goes away
                 Supervisor.kill([gang.members.pop(index) for index in leaving])
+            failed = any("error" in r for r in results.values())
             try:
                 if tracker is not None:
                     tracker.free()
             except _XGBOOST.result().core.XGBoostError:
-                if not dead and not exited:  # it fails on its own when a worker vanished
+                # it fails on its own when a worker vanished or raised mid-round: the
+                # worker's error is the one to report
+                if not dead and not exited and not failed:
                     raise
-            if not dead and not exited and any("error" in r for r in results.values()):
+            if not dead and not exited and failed:
                 raise _actor_failure(results)
             if not dead and not exited:
                 final = next(r for r in results.values() if r["model"] is not None)
