@@ -12,6 +12,7 @@ import torch
 from png_checks import check_png
 
 from unipar.cluster import cluster_preset
+from unipar.cluster.run_records import RECORDS_DIR_VARIABLE
 from unipar.errors import ConfigError
 from unipar.plan import Plan
 from unipar.plan.for_job import job_facts
@@ -30,7 +31,13 @@ from unipar.runtime.tracing import (
 from unipar.runtime.trainer import Trainer
 from unipar.testing import tiny_gpt_job
 from unipar.viz.schedule_order import ActionKind, _RecordingStage, pipeline_order
-from unipar.viz.trace import compare, predicted_run_timeline, write_trace
+from unipar.viz.trace import (
+    ComponentError,
+    compare,
+    predicted_run_timeline,
+    summary_text,
+    write_trace,
+)
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -183,3 +190,38 @@ def test_stage_wrappers_are_removed():
 def test_trace_steps_out_of_range(n):
     with pytest.raises(ConfigError, match=f"between 1 and the 4 step.*got {n}"):
         traced_steps(n, 6, 10)
+
+
+def test_the_idle_share_error_is_in_points_not_relative():
+    """A one-stage run predicts no idle time; its rounding residue (-1e-18 seen on an H100)
+    once read as an error of -2.9e15 %. A share's error is its difference in points."""
+    rows = [
+        ComponentError("step", measured_s=0.2485, predicted_s=0.2500),
+        ComponentError("idle share", measured_s=0.003, predicted_s=-1.2e-18),
+    ]
+    step, idle = summary_text(rows).splitlines()[1:]
+    assert step.split()[-1] == "-1%"
+    assert idle.split()[-3:] == ["0.0%", "+0.3", "pt"]
+    assert rows[1].relative_error is None
+
+
+def test_a_traced_runs_prediction_is_the_one_it_started_with(ray_cluster, tmp_path, monkeypatch):
+    """The trace's predicted timeline prices the plan as the run's own check did, before
+    the run's record taught the cluster anything: a run long enough to be learned from
+    (12 steady steps) does not correct its own prediction."""
+    monkeypatch.setenv(RECORDS_DIR_VARIABLE, str(tmp_path / "records"))
+    job = tiny_gpt_job(steps=14, global_batch_size=8)
+    plan = Plan.data_parallel(2, 8)
+    result = fit(
+        job,
+        workers=2,
+        plan=plan,
+        run_dir=tmp_path / "run",
+        trace_steps=2,
+        progress=False,
+        elastic=False,
+    )
+    check = result.predictions[-1]
+    assert check.learned.startswith("learned for the next plan")
+    step = next(line for line in result.trace.summary.splitlines() if line.startswith("step"))
+    assert step.split()[3:5] == [f"{1e3 * check.predicted_s:.2f}", "ms"]

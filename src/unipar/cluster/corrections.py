@@ -64,6 +64,7 @@ def corrected(
         peak_flops_32bit=d.peak_flops_32bit * compute,
         memory_bandwidth=d.memory_bandwidth * compute,
         kernel_overhead_s=d.kernel_overhead_s / per_op,
+        host_op_s=d.host_op_s / per_op,
         sharded_op_overhead_s=d.sharded_op_overhead_s / framework,
         sequence_parallel_op_overhead_s=d.sequence_parallel_op_overhead_s / framework,
         fsdp_unit_overhead_s=d.fsdp_unit_overhead_s / sharding,

@@ -42,6 +42,18 @@ class Kernels(Enum):
 # what compiling (fusing) saves, the one published pair of the same run both ways.
 EAGER_SLOWDOWN = 6667 / 5762
 
+# Eager PyTorch on a GPU, the host's side: each op a pass calls costs the host about this
+# long (Python, the dispatcher, autograd's record, the launch), and the GPU waits where
+# its kernels are shorter. Measured on a lent H100 host (PyTorch 2.11, 2026-11-27,
+# docs/planner-learning.md): the 0.88M-parameter demo GPT (101 ops a forward pass) took
+# 2.9 ms a forward and 6.9 ms a backward in a plain loop (9.8 ms: 32 us per op and pass
+# at the model's 1:2), 2.3 + 6.4 ms under unipar's runtime (29 us); a lone add took 13
+# us, a linear layer with autograd 29 us, as a module 44 us.
+EAGER_HOST_OP_S = 30e-6
+# The optimizer's host time per parameter tensor, in ops: foreach AdamW and the
+# gradients' clipping, 1.24 ms for the demo GPT's 69 tensors (18 us each) in the same run.
+OPTIMIZER_HOST_OPS_PER_TENSOR = 0.6
+
 
 class Collectives(Enum):
     """The collective library the device's process groups run, where its algorithms
@@ -93,6 +105,12 @@ class DeviceSpec:
     views, the copy out of the gathered buffer, and freeing it again), beyond the
     all-gather itself. Measured for CPU workers; zero for GPUs, where this host-side
     work runs ahead of the kernels and hides behind them.
+    ``host_op_s``: the host's time per op and pass where the device runs eagerly and
+    asynchronously (a GPU: :data:`EAGER_HOST_OP_S`): a layer's pass takes at least its
+    ops times this, however short its kernels, and the optimizer step at least
+    :data:`OPTIMIZER_HOST_OPS_PER_TENSOR` of it per parameter tensor. Zero where the
+    host's time is the device's own (CPU workers: ``kernel_overhead_s`` holds it) or
+    where kernels are fused and graphed (the presets' published runs).
     ``overlaps_communication``: whether gradient collectives run beside the backward
     (GPUs: copy engines and spare SMs) or take the cores it needs (one-thread CPU
     workers, where gloo reduces and copies on the same cores).
@@ -126,6 +144,7 @@ class DeviceSpec:
     attention_efficiency: float | None = None
     kernels: Kernels = Kernels.FUSED
     collectives: Collectives = Collectives.NCCL
+    host_op_s: float = 0.0
 
     @property
     def compute_slowdown(self) -> float:
@@ -200,8 +219,16 @@ class ClusterSpec:
         peak) and eager (one kernel per op, no compiler), not the fused bf16 of the
         presets' published runs. Measured on one H100 (``benchmarks/gpu_check.py``,
         docs/planner-learning.md): a 118M-parameter GPT ran 0.247 s a step where the
-        bf16 preset predicted 0.027 s."""
-        device = replace(self.device, precision=Precision.FP32, kernels=Kernels.EAGER)
+        bf16 preset predicted 0.027 s. Eager ops also cost the host its time per op
+        (:data:`EAGER_HOST_OP_S`), which a small model's short kernels do not hide: the
+        0.88M-parameter demo GPT ran 12 ms a step where the kernels alone were priced at
+        2.5 ms."""
+        device = replace(
+            self.device,
+            precision=Precision.FP32,
+            kernels=Kernels.EAGER,
+            host_op_s=EAGER_HOST_OP_S,
+        )
         return replace(self, device=device)
 
     def resized(self, nodes: int, devices_per_node: int | None = None) -> ClusterSpec:

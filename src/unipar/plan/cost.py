@@ -61,7 +61,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from unipar.analysis.profile import LayerKind, LayerProfile, ModelProfile
-from unipar.cluster.spec import AttentionKernel, ClusterSpec
+from unipar.cluster.spec import OPTIMIZER_HOST_OPS_PER_TENSOR, AttentionKernel, ClusterSpec
 from unipar.plan.collectives import (
     Axes,
     Collective,
@@ -270,6 +270,10 @@ def layer_time(
     if plan.recompute is Recompute.SELECTIVE_OP:
         compute += op_level_recompute_time(layer, samples, tp, cluster, sp)
     compute *= cluster.device.compute_slowdown
+    # An eager GPU waits for the host where its kernels are shorter than the host's time
+    # to issue them (EAGER_HOST_OP_S): the pass takes the longer of the two.
+    host_ops = passes * (layer.matmul_ops + layer.memory_ops)
+    compute = max(compute, host_ops * cluster.device.host_op_s)
     if tp > 1 and style is not TensorParallelStyle.REPLICATE:
         split = layer.splittable_modules if style is TensorParallelStyle.MEGATRON else 1
         per_op = cluster.device.sharded_op_overhead_s
@@ -560,6 +564,8 @@ def _time(model: CostModel, plan: Plan, stages: list[list[int]]) -> TimeBreakdow
     optimizer_bandwidth = device.optimizer_bandwidth or device.memory_bandwidth
     shards = mesh.fsdp * (mesh.dp * mesh.cp if plan.distributed_optimizer else 1)
     optimizer = stage_params / shards * ADAM_STEP_BYTES_PER_PARAM / optimizer_bandwidth
+    host = ranks.param_tensors * OPTIMIZER_HOST_OPS_PER_TENSOR * device.host_op_s
+    optimizer = max(optimizer, host)  # an eager GPU's optimizer waits for its host too
     return TimeBreakdown(
         compute_s=m * rank_compute,
         tp_comm_s=m * rank_tp,

@@ -110,6 +110,8 @@ class RunLearner(Callback):
         self.pre, self.directory = pre, directory
         self.checks: list[PredictionCheck] = []
         self._formation: _Formation | None = None
+        # the cluster the last formation was predicted on, before its own record
+        self.predicted_on: ClusterSpec | None = None
 
     def predict(self, plan: Plan) -> float | None:
         """The prediction of ``plan`` on the connected cluster, as a formation starts
@@ -153,6 +155,7 @@ class RunLearner(Callback):
         formation, self._formation = self._formation, None
         if formation is None or not formation.steps:
             return
+        self.predicted_on = formation.cluster
         plan = formation.plan
         steady = steady_steps(formation.steps)
         measured = statistics.median(m.step_time_s for m in steady) if steady else None

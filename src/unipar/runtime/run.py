@@ -185,7 +185,12 @@ def _run(pre: Preflight, early: EarlyStart | None) -> FitResult:
             if config.trace_steps is not None and controller.state.trace:
                 assert isinstance(plan, Plan)
                 trace = write_run_trace(
-                    lambda: pre.facts.profile, plan, config, controller.state.trace, run_dir
+                    lambda: pre.facts.profile,
+                    plan,
+                    config,
+                    controller.state.trace,
+                    run_dir,
+                    predicted_on=learner.predicted_on,
                 )
     except BaseException:
         _remove_if_empty(created)  # a failed start leaves no empty run directory behind

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from unipar.analysis.profile import ModelProfile
+from unipar.cluster.spec import ClusterSpec
 from unipar.plan import Plan
 from unipar.ray_cluster.live import live_cluster_spec
 from unipar.runtime.config import RunConfig
@@ -23,14 +23,18 @@ def write_run_trace(
     config: RunConfig,
     records: Sequence[TraceRecord],
     run_dir: Path,
+    predicted_on: ClusterSpec | None = None,
 ) -> TraceOutputs:
     """``run_dir/trace.json`` and ``timeline.png``; measured vs predicted per component
-    in the outputs' summary. Needs the connected Ray cluster (its devices price the
-    prediction). ``profile`` gives the analysis of the job's model (the preflight's); a
-    model the analysis cannot take is drawn measured only, saying why."""
+    in the outputs' summary. ``predicted_on``: the cluster the run's step was predicted
+    on (as the run started: corrections by earlier runs, not by this one's own record);
+    ``None``: the connected Ray cluster as it is now. ``profile`` gives the analysis of
+    the job's model (the preflight's); a model the analysis cannot take is drawn
+    measured only, saying why."""
     predicted, missing = None, ""
     try:
-        predicted = predicted_run_timeline(profile(), plan, _cluster(config, plan))
+        cluster = predicted_on if predicted_on is not None else _cluster(config, plan)
+        predicted = predicted_run_timeline(profile(), plan, cluster)
     except Exception as error:  # the analysis of an arbitrary model: report, keep the trace
         missing = f"no prediction for this model ({type(error).__name__}: {error})"
     stages = plan.mesh.pp * plan.virtual_stages
@@ -38,7 +42,7 @@ def write_run_trace(
     return replace(outputs, summary=missing) if missing else outputs
 
 
-def _cluster(config: RunConfig, plan: Plan) -> Any:
+def _cluster(config: RunConfig, plan: Plan) -> ClusterSpec:
     return live_cluster_spec(
         plan.mesh.world_size,
         cpus_per_worker=config.cpus_per_worker,

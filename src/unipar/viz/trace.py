@@ -78,6 +78,9 @@ def chrome_trace(records: Sequence[TraceRecord]) -> dict:
     return {"traceEvents": names + events, "displayTimeUnit": "ms"}
 
 
+IDLE_SHARE = "idle share"
+
+
 @dataclass(frozen=True)
 class ComponentError:
     name: str
@@ -85,9 +88,15 @@ class ComponentError:
     predicted_s: float
 
     @property
+    def is_share(self) -> bool:
+        """A fraction of the step (the idle share), not seconds."""
+        return self.name == IDLE_SHARE
+
+    @property
     def relative_error(self) -> float | None:
-        """``None`` where nothing was predicted."""
-        if not self.predicted_s:
+        """``None`` where nothing was predicted (below a nanosecond, or a share: a share's
+        error is its difference in points, :meth:`summary_text`)."""
+        if self.is_share or abs(self.predicted_s) < 1e-9:
             return None
         return (self.measured_s - self.predicted_s) / self.predicted_s
 
@@ -108,7 +117,7 @@ def compare(measured: Sequence[Timeline], predicted: Timeline) -> list[Component
     measures: list[tuple[str, Callable[[Timeline], float]]] = [
         (kind.value, functools.partial(_per_rank_seconds, kind=kind)) for kind in COMPONENTS
     ]
-    measures += [("idle share", idle), ("step", lambda t: t.step_s)]
+    measures += [(IDLE_SHARE, idle), ("step", lambda t: t.step_s)]
     return [
         ComponentError(name, statistics.median(f(t) for t in measured), f(predicted))
         for name, f in measures
@@ -118,10 +127,16 @@ def compare(measured: Sequence[Timeline], predicted: Timeline) -> list[Component
 def summary_text(rows: Sequence[ComponentError]) -> str:
     lines = [f"{'component':<12} {'measured':>12} {'predicted':>12} {'error':>8}"]
     for row in rows:
-        share = row.name == "idle share"
-        measured = f"{100 * row.measured_s:.1f}%" if share else f"{1e3 * row.measured_s:.2f} ms"
-        predicted = f"{100 * row.predicted_s:.1f}%" if share else f"{1e3 * row.predicted_s:.2f} ms"
-        error = "n/a" if row.relative_error is None else f"{100 * row.relative_error:+.0f}%"
+        if row.is_share:
+            # a rounding residue of the predicted timeline can read -0.0%: shown as 0
+            measured, predicted = (max(0.0, x) for x in (row.measured_s, row.predicted_s))
+            points = 100 * (measured - predicted)
+            measured, predicted = f"{100 * measured:.1f}%", f"{100 * predicted:.1f}%"
+            error = f"{points:+.1f} pt"
+        else:
+            measured = f"{1e3 * row.measured_s:.2f} ms"
+            predicted = f"{1e3 * row.predicted_s:.2f} ms"
+            error = "n/a" if row.relative_error is None else f"{100 * row.relative_error:+.0f}%"
         lines.append(f"{row.name:<12} {measured:>12} {predicted:>12} {error:>8}")
     return "\n".join(lines)
 
