@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -47,6 +49,18 @@ def test_save_load_roundtrip_and_keep_last(tmp_path):
     )
     full = load_model_state(tmp_path)
     assert torch.equal(full["0.weight"], model[0].weight)
+
+
+def test_one_process_saves_and_loads_without_dcps_warning(tmp_path):
+    """DCP warns at each save and load without a process group; a one-worker run is
+    one process by intent, and its output stays clean of it."""
+    model, optimizer = _model_and_optimizer(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = save_checkpoint(
+            tmp_path, step=1, parts=[model], optimizers=[optimizer], state=STATE, keep=1
+        )
+        load_checkpoint(path, parts=[model], optimizers=[optimizer])
 
 
 def test_partial_write_is_ignored_and_cleaned(tmp_path):

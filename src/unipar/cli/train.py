@@ -114,8 +114,9 @@ def _run_and_report(pre: Preflight, early: EarlyStart | None = None) -> int:
 
     least, most = pre.config.least_workers, pre.config.workers
     workers = f"{most}" if least == most else f"{least}..{most}"
+    plural = "" if workers == "1" else "s"
     print(
-        f"unipar: training {pre.job.name} for {pre.job.steps} steps on {workers} workers",
+        f"unipar: training {pre.job.name} for {pre.job.steps} steps on {workers} worker{plural}",
         flush=True,
     )
     result = run(pre, early)  # joins the Ray instance started above

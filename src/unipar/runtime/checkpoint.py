@@ -20,7 +20,9 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -227,6 +229,21 @@ def _set_state_dicts(
         )
 
 
+@contextmanager
+def _one_process_is_meant() -> Iterator[None]:
+    """DCP warns on every save and load without a process group ("assuming the intent is
+    to save in a single process"): a one-worker run means exactly that, so its users are
+    not told so at each checkpoint. With a group, nothing is filtered."""
+    with warnings.catch_warnings():
+        if not dist.is_initialized():
+            warnings.filterwarnings(
+                "ignore",
+                message="torch.distributed is disabled, unavailable or uninitialized",
+                category=UserWarning,
+            )
+        yield
+
+
 def save_checkpoint(
     directory: Path,
     *,
@@ -247,7 +264,8 @@ def save_checkpoint(
     _barrier()
     dcp = _dcp()
     state_dict, _ = _state_dicts(parts, optimizers)
-    dcp.save(state_dict, checkpoint_id=str(partial))
+    with _one_process_is_meant():
+        dcp.save(state_dict, checkpoint_id=str(partial))
     torch.save(_rng_states(), partial / f"rng_rank{rank}.pt")
     _barrier()
     if rank == 0:
@@ -275,11 +293,12 @@ def load_checkpoint(
     safe = _safe()
     state, keys = _state_dicts(parts, optimizers)
     try:
-        dcp.load(
-            state,
-            storage_reader=safe.SafeFileSystemReader(str(path)),
-            planner=safe.SafeLoadPlanner(),
-        )
+        with _one_process_is_meant():
+            dcp.load(
+                state,
+                storage_reader=safe.SafeFileSystemReader(str(path)),
+                planner=safe.SafeLoadPlanner(),
+            )
     except safe.LOAD_ERRORS as error:
         safe.raise_if_unsafe(error)
         raise CheckpointError(
