@@ -20,7 +20,7 @@ from unipar.runtime.checkpoint import ensure_writable
 from unipar.runtime.config import RunConfig
 from unipar.runtime.elastic.controller import Controller
 from unipar.runtime.elastic.early_start import EarlyStart
-from unipar.runtime.elastic.gang_workers import check_cluster_resources
+from unipar.runtime.elastic.gang_workers import check_cluster_resources, unused_gpus_note
 from unipar.runtime.learn import PredictionCheck, RunLearner, summary_lines
 from unipar.runtime.metrics import MetricsWriter, StepMetrics
 from unipar.runtime.preflight import Preflight, first_plan_taken, preflight
@@ -134,6 +134,9 @@ def _run(pre: Preflight, early: EarlyStart | None) -> FitResult:
     try:
         with ray_session(config.address):
             check_cluster_resources(config)
+            note = unused_gpus_note(config)
+            if note is not None:
+                print(note, flush=True)
             ensure_writable(config.checkpoints)
             servers = strategy is not None and pre.servers_usable()
             if strategy is not None and (not config.elastic or servers):

@@ -3,6 +3,7 @@ and the early start's (:mod:`~unipar.runtime.elastic.early_start`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import ray
@@ -50,3 +51,17 @@ def room_for_workers(config: RunConfig) -> int:
 def check_cluster_resources(config: RunConfig) -> None:
     """Fail at once, before anything starts, when the cluster is too small in total."""
     require_resources(worker_needs(config), config.least_workers, "worker")
+
+
+def unused_gpus_note(config: RunConfig, total: Mapping[str, float] | None = None) -> str | None:
+    """A line for a run that reserves no GPU on a cluster that has some (``total``: the
+    cluster's resources, default the connected Ray cluster's): unipar trains where it is
+    told to, and a first run on a GPU machine would otherwise train on its CPUs unsaid."""
+    gpus = (ray.cluster_resources() if total is None else total).get("GPU", 0.0)
+    if config.gpus_per_worker or gpus < 1:
+        return None
+    return (
+        f"unipar: the Ray cluster has {gpus:g} GPU{'' if gpus == 1 else 's'} and this run "
+        "uses none (gpus_per_worker=0); --gpus-per-worker 1, or fit(..., "
+        "gpus_per_worker=1), trains on them"
+    )
