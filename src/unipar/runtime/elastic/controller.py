@@ -65,7 +65,6 @@ from unipar.ray_cluster.supervisor import (
     on_draining_nodes,
 )
 from unipar.runtime.callbacks import Callback, WorkerInfo, WorkerLost
-from unipar.runtime.checkpoint import latest_checkpoint
 from unipar.runtime.config import RunConfig
 from unipar.runtime.elastic.formation import (
     GRACE_S,
@@ -74,10 +73,7 @@ from unipar.runtime.elastic.formation import (
     FormBroken,
     ResizeEvent,
     StateSource,
-    committed_steps,
-    disk_source,
     event_record,
-    export_state,
     gather_forms,
 )
 from unipar.runtime.elastic.gang_workers import worker_actor, worker_needs
@@ -86,10 +82,10 @@ from unipar.runtime.elastic.recovery import Recovery
 from unipar.runtime.elastic.rendezvous import RendezvousHost
 from unipar.runtime.elastic.size_target import SizeTarget, bounded
 from unipar.runtime.elastic.snapshot import SnapshotAssembly, SnapshotPart
+from unipar.runtime.elastic.state_keeper import StateKeeper
 from unipar.runtime.elastic.worker import (
     Finished,
     Interrupted,
-    Paused,
     is_stream_end,
     replicated,
 )
@@ -136,7 +132,6 @@ class Controller:
         self.recovery = Recovery.of(config)
         self.predict = predict
         self.size_target = size_target
-        self.resume_from = resume_from
         self.metrics, self.callbacks = metrics, callbacks
         self.policy = CheckpointPolicy(
             directory=config.checkpoints.resolve(),
@@ -149,7 +144,7 @@ class Controller:
         self.host = RendezvousHost()
         self.workers: list[WorkerInfo] = []
         self.plan: Plan | None = None
-        self._snapshot: tuple[int, list[SnapshotPart]] | None = None
+        self.states = StateKeeper(self.policy.directory, resume_from)
         self._joiners: list[Member] = []  # started workers the present gang may grow by
         self._started_joiners_at = 0.0  # when the last workers to grow by were started
         self._last_lost: WorkerLost | None = None
@@ -195,7 +190,7 @@ class Controller:
             keep = self._usable(min(len(members), self._most()))  # the target may have fallen
             self.supervisor.kill(members[keep:])
             members = members[:keep]
-            source = StateSource(step=0, resume_from=self.resume_from)
+            source = self.states.first()
             while True:
                 try:
                     end = self._formation(members, source)
@@ -378,7 +373,7 @@ class Controller:
                         reports.append(item)
                     elif isinstance(item, SnapshotPart):
                         if (whole := self._assembly.add(item)) is not None:
-                            self._snapshot = (item.step, whole)
+                            self.states.snapshot = (item.step, whole)
                     elif isinstance(item, TraceBatch):
                         self.state.trace.extend(item.records)
             self._record(reports)
@@ -505,7 +500,8 @@ class Controller:
             return self._restart(survivors)
         new = self._at_least_min(survivors + end.joiners)
         new = new[: self._usable(min(len(new), max(self._most(), len(survivors))))]
-        source = self._state_source(members, end, new)
+        assert self.plan is not None
+        source = self.states.after(self.plan, self.plan_for, members, end, new)
         self.supervisor.kill(end.leaving + [m for m in survivors + end.joiners if m not in new])
         self.aggregator_flush(source.step)
         event = ResizeEvent(
@@ -518,13 +514,14 @@ class Controller:
         """``RESTART_FROM_CHECKPOINT`` after a loss: the gang, topped up to its size with new
         workers, goes back to the newest disk checkpoint, else to where the run began.
         The survivors' processes stay (torch and the dataset loaded), their state does not."""
-        self.resume_from = latest_checkpoint(self.policy.directory) or self.resume_from
-        where = f"checkpoint {self.resume_from.name}" if self.resume_from else "the start"
+        source = self.states.restart()
+        resumed = self.states.resume_from
+        where = f"checkpoint {resumed.name}" if resumed else "the start"
         self.bar.note(
             f"[unipar] {self._last_lost}; restarting from {where} "
             f"(failure {self.state.failures} of at most {self.config.max_failures})"
         )
-        return self._at_least_min(survivors), disk_source(self.resume_from)
+        return self._at_least_min(survivors), source
 
     def _note_resize(self, event: ResizeEvent) -> None:
         self.resizes.append(event)
@@ -543,25 +540,11 @@ class Controller:
         new = self._at_least_min(broken.survivors)
         new = new[: self._usable(min(len(new), self._most()))]
         self.supervisor.kill([m for m in broken.survivors if m not in new])
-        if source.keep:
-            holders = [m for m in new if m.pid in source.keep]
-            if not holders:
-                source = self._lost_holders_source()
-            elif len(holders) < len(new) or not replicated(self.plan_for(len(new))):
-                source = StateSource(source.step, snapshot=[export_state(holders, new)])
-            else:
-                source = StateSource(source.step, keep=frozenset(m.pid for m in holders))
+        source = self.states.after_broken(source, new, self.plan_for)
         event = ResizeEvent(source.step, len(members), len(new),
                             "worker lost while the gang formed", time.monotonic() - began)
         self._note_resize(event)
         return new, source
-
-    def _lost_holders_source(self) -> StateSource:
-        """The state once no process holds it: the newer of the snapshot and the disk."""
-        disk = disk_source(latest_checkpoint(self.policy.directory) or self.resume_from)
-        if self._snapshot is not None and self._snapshot[0] >= disk.step:
-            return self._from_snapshot()
-        return disk  # the newer state: fewer steps redone
 
     def _most(self) -> int:
         """The most workers now: the size target's, within the job's range."""
@@ -577,34 +560,6 @@ class Controller:
             except UniparError:
                 continue
         return size  # plan_for raises the reason when the gang forms
-
-    def _state_source(
-        self, members: list[Member], end: FormationEnd, new: list[Member]
-    ) -> StateSource:
-        ends = {s.member.pid: s.result for s in end.streams}
-        if not end.dead:
-            step = next(e.step for e in ends.values() if isinstance(e, Paused))
-            if self._snapshot is not None and self._snapshot[0] == step:
-                return self._from_snapshot()
-            return disk_source(self.resume_from)  # paused before the first step
-        survivors = [m for m in members if m not in end.dead]
-        committed = {m.pid: committed_steps(ends.get(m.pid)) for m in survivors}
-        assert self.plan is not None
-        if replicated(self.plan) and max(committed.values(), default=0) > 0:
-            # Replicas: those with the most committed steps hold the whole state. If the
-            # new gang is only them under a replicated plan, they keep it as it is;
-            # otherwise one of them writes it to memory for all.
-            top = max(committed.values())
-            holders = [m for m in survivors if committed.get(m.pid) == top]
-            if replicated(self.plan_for(len(new))) and all(m in holders for m in new):
-                return StateSource(top, keep=frozenset(m.pid for m in new))
-            return StateSource(top, snapshot=[export_state(holders, new)])
-        return self._lost_holders_source()
-
-    def _from_snapshot(self) -> StateSource:
-        assert self._snapshot is not None
-        step, parts = self._snapshot
-        return StateSource(step, snapshot=[ray.put(part) for part in parts])
 
     # -- progress --------------------------------------------------------------------
 
