@@ -11,9 +11,10 @@ import pytest
 from unipar.analysis import analyze
 from unipar.cluster import cluster_preset
 from unipar.cluster.corrections import Rate, corrected
+from unipar.cluster.run_records import fingerprint
 from unipar.cluster.spec import EAGER_HOST_OP_S, OPTIMIZER_HOST_OPS_PER_TENSOR
 from unipar.models.gpt import GPTConfig
-from unipar.plan import Plan
+from unipar.plan import Plan, Recompute
 from unipar.plan.predict import estimate_plan, seconds_by_rate
 
 DEMO = GPTConfig(vocab_size=256, seq_len=128, hidden=128, layers=4, heads=4)  # gpt-stdlib
@@ -23,7 +24,9 @@ PLAN = Plan.data_parallel(1, 32)
 
 def _profile(config: GPTConfig):
     spec = config.spec()
-    return analyze(spec.factory, spec.sample_shape, hidden=spec.hidden)
+    return analyze(
+        spec.factory, spec.sample_shape, hidden=spec.hidden, attention_seq=spec.attention_seq
+    )
 
 
 def _without_host(cluster):
@@ -68,3 +71,27 @@ def test_a_large_models_step_is_its_kernels(eager_h100):
 def test_cpu_workers_and_fused_presets_have_no_host_floor():
     assert cluster_preset("h100-80g").device.host_op_s == 0.0
     assert cluster_preset("cpu").device.host_op_s == 0.0
+
+
+def test_selective_recompute_issues_its_ops_again(eager_h100):
+    """On a host-bound GPU the ops run again cost the host again: selective recompute's
+    attention core, the op-level policy's products and memory-bound ops."""
+    profile = _profile(DEMO)
+
+    def compute(recompute):
+        plan = replace(PLAN, recompute=recompute)
+        return estimate_plan(profile, plan, eager_h100).time.compute_s
+
+    none = compute(Recompute.NONE)
+    assert none < compute(Recompute.SELECTIVE) < compute(Recompute.SELECTIVE_OP)
+    assert compute(Recompute.FULL) == pytest.approx(none * 4 / 3)
+
+
+def test_records_made_before_the_host_floor_keep_their_cluster():
+    """The field is left out of the fingerprint where zero: the keys of a CPU preset and
+    a fused GPU preset are those they had before it (their runs still correct them); an
+    eager GPU's is new (its earlier runs were split without the floor)."""
+    assert fingerprint(cluster_preset("cpu")).key == "82fdd50c729c3d1b"
+    assert fingerprint(cluster_preset("h100-80g", devices_per_node=8)).key == "5a395012b85b2149"
+    eager = cluster_preset("h100-80g", devices_per_node=1).as_trained_by_unipar()
+    assert fingerprint(eager).key != fingerprint(_without_host(eager)).key

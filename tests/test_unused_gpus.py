@@ -16,6 +16,3 @@ def test_a_run_without_gpus_on_a_gpu_cluster_is_told_how_to_use_them(tmp_path):
     on_gpus = RunConfig(workers=2, gpus_per_worker=1.0, run_dir=tmp_path)
     assert unused_gpus_note(on_gpus, {"CPU": 16.0, "GPU": 2.0}) is None
 
-
-def test_the_local_cluster_without_gpus_says_nothing(ray_cluster, tmp_path):
-    assert unused_gpus_note(RunConfig(workers=2, run_dir=tmp_path)) is None

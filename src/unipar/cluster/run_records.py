@@ -98,6 +98,13 @@ class Fingerprint:
     label: str
 
 
+# DeviceSpec fields added after runs were first recorded: left out of the fingerprint where
+# they are zero (as every cluster had them before), so that the runs a cluster recorded
+# before they existed still correct it; where set (an eager GPU's host time), the cluster
+# is priced otherwise and its earlier runs, split without it, are another cluster's.
+_ADDED_DEVICE_FIELDS = ("host_op_s",)
+
+
 def fingerprint(cluster: ClusterSpec) -> Fingerprint:
     """The fingerprint of ``cluster`` as specified (learned corrections left out): the
     same preset at the same size, or the same calibrated machine with the same number
@@ -106,6 +113,9 @@ def fingerprint(cluster: ClusterSpec) -> Fingerprint:
     base = base_cluster(cluster)
     about = asdict(base)
     about.pop("corrections", None)
+    for name in _ADDED_DEVICE_FIELDS:  # at their default, older records keep their key
+        if not about["device"].get(name):
+            about["device"].pop(name, None)
     text = json.dumps(about, sort_keys=True, default=_enum_value)
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
     where = f" on {base.machine.split(':')[0]}" if base.machine else ""

@@ -49,9 +49,13 @@ EAGER_SLOWDOWN = 6667 / 5762
 # 2.9 ms a forward and 6.9 ms a backward in a plain loop (9.8 ms: 32 us per op and pass
 # at the model's 1:2), 2.3 + 6.4 ms under unipar's runtime (29 us); a lone add took 13
 # us, a linear layer with autograd 29 us, as a module 44 us.
+# One host's figure, applied to every eager GPU preset (A100, V100, H200 as well): the
+# host's time is its CPU's and PyTorch's, not the GPU's; runs on a cluster correct it
+# (the per-op factor).
 EAGER_HOST_OP_S = 30e-6
 # The optimizer's host time per parameter tensor, in ops: foreach AdamW and the
-# gradients' clipping, 1.24 ms for the demo GPT's 69 tensors (18 us each) in the same run.
+# gradients' clipping, 1.24 ms for the demo GPT's 69 tensors (18 us each) in the same run:
+# the least of the traced runs' 1.2-1.9 ms, as befits a floor.
 OPTIMIZER_HOST_OPS_PER_TENSOR = 0.6
 
 

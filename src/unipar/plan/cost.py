@@ -41,7 +41,11 @@ Sources of the formulas:
 - eager execution (one kernel per op) takes EAGER_SLOWDOWN times the fused kernels'
   compute time in bf16 (torchtitan's eager and compiled runs of one plan; ``Kernels``),
   its extra share scaled by bytes per element and the precision's peak in another
-  (``DeviceSpec.compute_slowdown``);
+  (``DeviceSpec.compute_slowdown``); on an eager GPU the host issues every op
+  (``EAGER_HOST_OP_S``, :func:`host_ops`) while the device runs ahead of it (PyTorch's
+  asynchronous CUDA execution), so a layer's pass, and the optimizer step per parameter
+  tensor, take at least the host's time, measured on a lent H100 host
+  (docs/planner-learning.md);
 - a distributed optimizer (ZeRO-1) shards the optimizer state over dp x cp and turns the
   gradient all-reduce into a reduce-scatter and an all-gather of the weights
   (Rajbhandari et al. 2020; Megatron-LM's distributed optimizer); over dp alone it is
@@ -214,6 +218,20 @@ def attention_time(
     return (3 + again) * forward
 
 
+def host_ops(layer: LayerProfile, plan: Plan, kernel: AttentionKernel) -> float:
+    """The ops the host issues for one micro-batch through ``layer``: each of its ops in
+    forward (1), backward (2, the model's 1:2) and any recompute; selective recompute's
+    attention core again (one fused kernel, or the math path's products), and the
+    op-level policy's products and memory-bound ops again (:func:`op_level_recompute_time`)."""
+    ops = (3 + plan.recomputed_fraction) * (layer.matmul_ops + layer.memory_ops)
+    again = attention_recomputed(plan, kernel) - plan.recomputed_fraction
+    if again > 0 and layer.attention_matmuls:
+        ops += again * (1 if kernel is AttentionKernel.FLASH else len(layer.attention_matmuls))
+    if plan.recompute is Recompute.SELECTIVE_OP and layer.kind is LayerKind.BLOCK:
+        ops += len(layer.matmuls[1::2]) + layer.memory_ops
+    return ops
+
+
 def attention_recomputed(plan: Plan, kernel: AttentionKernel) -> float:
     """How many times per step the attention core's forward runs again: selective
     recompute runs it again; full, in the layers that recompute; the op-level policy
@@ -272,8 +290,8 @@ def layer_time(
     compute *= cluster.device.compute_slowdown
     # An eager GPU waits for the host where its kernels are shorter than the host's time
     # to issue them (EAGER_HOST_OP_S): the pass takes the longer of the two.
-    host_ops = passes * (layer.matmul_ops + layer.memory_ops)
-    compute = max(compute, host_ops * cluster.device.host_op_s)
+    device = cluster.device
+    compute = max(compute, host_ops(layer, plan, device.attention) * device.host_op_s)
     if tp > 1 and style is not TensorParallelStyle.REPLICATE:
         split = layer.splittable_modules if style is TensorParallelStyle.MEGATRON else 1
         per_op = cluster.device.sharded_op_overhead_s

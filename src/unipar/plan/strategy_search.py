@@ -187,6 +187,7 @@ def search(
     model = CostModel(profile, cluster)
     styles = tensor_parallel_styles(profile)
     partitions: dict[tuple, tuple[list[list[int]], tuple[int, ...]]] = {}
+    host_bound = cluster.device.host_op_s > 0  # partitions per micro-batch size
     splitter = StagePartitions(profile)
     fitting: list[tuple[float, Plan, list[list[int]]]] = []  # (step time, plan, stages)
     over: list[tuple[float, Plan, list[list[int]]]] = []  # (memory, plan, stages)
@@ -206,11 +207,15 @@ def search(
                 for recompute, every in recomputes:
                     chunks = mesh.pp * v
                     key = (chunks, mesh.tp, recompute.value, every)  # str: hashed at C speed
+                    if host_bound:
+                        key += (b,)
                     if key not in partitions:
                         # stages balance one sample's layer times: the partition of a key
-                        # serves every micro-batch size
+                        # serves every micro-batch size, except where the host's time per
+                        # op sets a floor (an eager GPU), which does not grow with samples
                         unit = Plan(mesh=mesh, virtual_stages=v, recompute=recompute,
-                                    recompute_every=every, sequence_parallel=sp)
+                                    recompute_every=every, sequence_parallel=sp,
+                                    microbatch_size=b if host_bound else 1)
                         stages = splitter.split(model.layer_weights(unit), chunks)
                         partitions[key] = (stages, tuple(s[0] for s in stages[1:]))
                     stages, boundaries = partitions[key]

@@ -110,13 +110,15 @@ class RunLearner(Callback):
         self.pre, self.directory = pre, directory
         self.checks: list[PredictionCheck] = []
         self._formation: _Formation | None = None
-        # the cluster the last formation was predicted on, before its own record
+        # the cluster the newest formation was predicted on, before any record of its own
+        # (None: not predicted)
         self.predicted_on: ClusterSpec | None = None
 
     def predict(self, plan: Plan) -> float | None:
         """The prediction of ``plan`` on the connected cluster, as a formation starts
         under it (the previous formation, if any, ended untraced)."""
         self._close(())
+        self.predicted_on = None
         config = self.pre.config
         job = self.pre.job
         if job.adaptive is not None:
@@ -137,6 +139,7 @@ class RunLearner(Callback):
             self._formation = _Formation(plan, None, None, f"{type(error).__name__}: {error}")
             return None
         self._formation = _Formation(plan, cluster, predicted)
+        self.predicted_on = cluster
         return predicted
 
     def on_step(self, metrics: StepMetrics, workers: Sequence[Any]) -> None:
@@ -155,7 +158,6 @@ class RunLearner(Callback):
         formation, self._formation = self._formation, None
         if formation is None or not formation.steps:
             return
-        self.predicted_on = formation.cluster
         plan = formation.plan
         steady = steady_steps(formation.steps)
         measured = statistics.median(m.step_time_s for m in steady) if steady else None

@@ -129,10 +129,11 @@ def summary_text(rows: Sequence[ComponentError]) -> str:
     for row in rows:
         if row.is_share:
             # a rounding residue of the predicted timeline can read -0.0%: shown as 0
-            measured, predicted = (max(0.0, x) for x in (row.measured_s, row.predicted_s))
-            points = 100 * (measured - predicted)
-            measured, predicted = f"{100 * measured:.1f}%", f"{100 * predicted:.1f}%"
-            error = f"{points:+.1f} pt"
+            measured_share, predicted_share = (max(0.0, x) for x in (row.measured_s,
+                                                                       row.predicted_s))
+            measured = f"{100 * measured_share:.1f}%"
+            predicted = f"{100 * predicted_share:.1f}%"
+            error = f"{100 * (measured_share - predicted_share):+.1f} pt"
         else:
             measured = f"{1e3 * row.measured_s:.2f} ms"
             predicted = f"{1e3 * row.predicted_s:.2f} ms"
