@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -139,3 +140,21 @@ def test_a_timed_shape_is_judged_by_its_measured_time_not_the_line():
     noise = NoiseEstimate(1.0, sqr_avg=1.0, var_avg=20 * 400.0, weight=1.0)  # B_simple 400
     pick = choose(seen, noise, init_batch=20, max_batch=80, replicas=1, max_local=80)
     assert pick.global_batch == 40 and pick.step_time == pytest.approx(1.12)
+
+
+def test_the_noise_averages_span_samples_not_steps():
+    """AdaptDL's weighting (theta = smoothing ** scale): with ``per_samples`` = M0, a step
+    of 4 x M0 samples keeps smoothing**4 of the past, a step of M0/4 its fourth root;
+    without it, every step keeps ``smoothing``."""
+    first = NoiseSample(small_sq=2.0, big_sq=1.5, small_batch=8, count=4)
+    second = NoiseSample(small_sq=4.0, big_sq=2.5, small_batch=2, count=4)
+    per_step = NoiseEstimate(smoothing=0.9).update(first)
+    per_m0 = NoiseEstimate(smoothing=0.9, per_samples=32).update(first)
+    assert per_m0 == replace(per_step, per_samples=32)  # 32 samples: one M0
+    small = per_m0.update(second)  # 8 samples: a quarter of M0
+    sqr, var = unbiased(second)
+    theta = 0.9**0.25
+    assert small.sqr_avg == pytest.approx(theta * per_m0.sqr_avg + (1 - theta) * sqr)
+    assert small.var_avg == pytest.approx(theta * per_m0.var_avg + (1 - theta) * var)
+    assert small.weight == pytest.approx(theta * per_m0.weight + (1 - theta))
+    assert per_step.update(second).weight == pytest.approx(0.9 * per_step.weight + 0.1)

@@ -28,7 +28,9 @@ class AdaptiveBatch:
 
     ``lr_rule`` None picks the optimizer's default (ADASCALE for SGD, POLLUX for Adam);
     every ``adapt_every`` steps the goodput-optimal batch is chosen; ``smoothing`` is
-    the weight of the past in the exponential averages of the noise estimates.
+    the weight of the past in the exponential averages of the noise estimates, per M0
+    samples (a step of batch M keeps ``smoothing ** (M / M0)`` of the past:
+    :class:`~unipar.adapt.noise.NoiseEstimate`).
     """
 
     max_global_batch: int

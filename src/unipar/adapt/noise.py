@@ -41,12 +41,21 @@ def unbiased(sample: NoiseSample) -> tuple[float, float]:
 @dataclass(frozen=True)
 class NoiseEstimate:
     """Smoothed |G|² (``sqr``) and tr(Σ) (``var``, per sample), with Adam-style bias
-    correction of both moving averages (``weight`` = 1 − smoothing^updates)."""
+    correction of both moving averages (``weight`` = 1 − the product of the past's
+    weights).
+
+    ``smoothing`` is the past's weight per ``per_samples`` samples (0: per step): a step
+    of ``n`` samples keeps ``smoothing ** (n / per_samples)`` of the past, so the
+    averages span the same samples whatever the batch, as AdaptDL's estimator weighs
+    its steps (``theta = smoothing ** scale``, the batch over the initial one; Qiao et
+    al. 2021's artifact). A small batch's noisier steps are averaged over more of them;
+    a large batch's few steps follow the noise as training changes it."""
 
     smoothing: float = 0.9
     sqr_avg: float = 0.0
     var_avg: float = 0.0
     weight: float = 0.0
+    per_samples: float = 0.0
 
     def update(self, sample: NoiseSample) -> NoiseEstimate:
         """The estimate after one more step (a step with one local gradient is skipped)."""
@@ -54,6 +63,8 @@ class NoiseEstimate:
             return self
         sqr, var = unbiased(sample)
         s = self.smoothing
+        if self.per_samples > 0:
+            s **= sample.small_batch * sample.count / self.per_samples
         return replace(
             self,
             sqr_avg=s * self.sqr_avg + (1 - s) * sqr,

@@ -78,7 +78,8 @@ class AdaptState:
 
     @classmethod
     def start(cls, adaptive: AdaptiveBatch, init_batch: int, shape: BatchShape) -> AdaptState:
-        return cls(init_batch, shape, noise=NoiseEstimate(adaptive.smoothing))
+        noise = NoiseEstimate(adaptive.smoothing, per_samples=float(init_batch))
+        return cls(init_batch, shape, noise=noise)
 
     def lr_factor(self, rule: LRRule) -> float:
         return lr_factor(
